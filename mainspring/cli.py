@@ -1,0 +1,191 @@
+"""The `mainspring` command line: serve, up/down, chat, generate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from mainspring.config import get_settings
+from mainspring.engine.errors import EngineError
+
+app = typer.Typer(help="Mainspring: self-hosted inference, agents and RL post-training.", no_args_is_help=True)
+err = Console(stderr=True)
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[red]error:[/red] {msg}")
+    raise typer.Exit(2)
+
+
+def _engine():
+    from mainspring.engine.engine import LLMEngine
+
+    with err.status("loading model (the first load converts the GGUF file, later ones take ~1 s)"):
+        try:
+            return LLMEngine.from_settings()
+        except EngineError as exc:
+            _fail(str(exc))
+
+
+def _params(max_tokens: int, temperature: float, top_p: float, seed: Optional[int], stop: list[str]):
+    from mainspring.engine.params import SamplingParams
+
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
+    except EngineError as exc:
+        _fail(str(exc))
+
+
+def _stream(engine, prompt, params) -> str:
+    try:
+        rid = engine.add_request(prompt, params)
+    except EngineError as exc:
+        _fail(str(exc))
+    text = ""
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid:
+                sys.stdout.write(out.delta_text)
+                sys.stdout.flush()
+                text = out.text
+    sys.stdout.write("\n")
+    return text
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="the prompt text"),
+    chat: bool = typer.Option(False, "--chat", help="wrap the prompt as a user message in the chat template"),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
+) -> None:
+    """Complete one prompt and stream the text to stdout."""
+    params = _params(max_tokens, temperature, top_p, seed, stop)
+    engine = _engine()
+    if chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    _stream(engine, prompt, params)
+
+
+@app.command("chat")
+def chat_cmd(
+    system: Optional[str] = typer.Option(None, "--system", help="system message"),
+    message: Optional[str] = typer.Option(None, "--message", "-m", help="ask one question and exit"),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+) -> None:
+    """Chat with the model: streams each answer; the conversation is the prefix-cached context."""
+    params = _params(max_tokens, temperature, top_p, seed, [])
+    engine = _engine()
+    messages: list[dict] = [{"role": "system", "content": system}] if system else []
+    interactive = message is None and sys.stdin.isatty()
+    if interactive:
+        err.print(f"[bold]{engine.name}[/bold] — type a message, Ctrl-D to quit")
+    questions = [message] if message is not None else _read_questions(interactive)
+    for question in questions:
+        if not question.strip():
+            continue
+        messages.append({"role": "user", "content": question})
+        prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        answer = _stream(engine, prompt, params)
+        messages.append({"role": "assistant", "content": answer})
+
+
+def _read_questions(interactive: bool):
+    while True:
+        try:
+            line = input("you> ") if interactive else sys.stdin.readline()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if not interactive and not line:
+            return
+        yield line.rstrip("\n")
+
+
+@app.command()
+def serve(
+    host: Optional[str] = typer.Option(None, help="bind address (default MAINSPRING_HOST, 127.0.0.1)"),
+    port: Optional[int] = typer.Option(None, help="port (default MAINSPRING_PORT, 8321)"),
+) -> None:
+    """Run the HTTP server in the foreground."""
+    import uvicorn
+
+    from mainspring.api.app import create_app
+
+    s = get_settings()
+    try:
+        uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
+    except EngineError as exc:
+        _fail(str(exc))
+
+
+def _pid_file() -> Path:
+    return get_settings().data_dir / "server.pid"
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@app.command()
+def up(timeout: float = typer.Option(300, help="seconds to wait for the server to become healthy")) -> None:
+    """Start the server in the background (if not running) and print its URL."""
+    s = get_settings()
+    url = f"http://{s.host}:{s.port}"
+    if _healthy(url):
+        typer.echo(f"Mainspring is running at {url}")
+        return
+    s.data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = s.data_dir / "server.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mainspring", "serve"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    _pid_file().write_text(str(proc.pid))
+    deadline = time.monotonic() + timeout
+    with err.status(f"starting the server (log: {log_path})"):
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                _fail(f"the server exited with code {proc.returncode}; see {log_path}")
+            if _healthy(url):
+                typer.echo(f"Mainspring is running at {url}  (stop it with `mainspring down`)")
+                return
+            time.sleep(0.5)
+    _fail(f"the server did not become healthy within {timeout:.0f} s; see {log_path}")
+
+
+@app.command()
+def down() -> None:
+    """Stop the background server started by `up`."""
+    path = _pid_file()
+    if not path.exists():
+        typer.echo("no server started by `mainspring up` is running")
+        return
+    pid = int(path.read_text())
+    try:
+        os.kill(pid, signal.SIGTERM)
+        typer.echo(f"stopped server (pid {pid})")
+    except ProcessLookupError:
+        typer.echo("the server had already stopped")
+    path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,49 @@
+"""The one place that reads the environment: every knob is a `MAINSPRING_*` variable."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mainspring"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MAINSPRING_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=_default_data_dir, description="converted weights, database, logs")
+    model: str = Field("smollm2", description="'smollm2' (embedded), a .gguf file or a Hugging Face folder")
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = one per core")
+    host: str = "127.0.0.1"
+    port: int = Field(8321, ge=1, le=65535)
+
+    block_size: int = Field(16, ge=1, description="tokens per KV-cache block")
+    kv_cache_mb: int = Field(1024, ge=1, description="memory for the paged KV cache")
+    max_num_batched_tokens: int = Field(1024, ge=16, description="token budget of one engine step")
+    max_num_seqs: int = Field(64, ge=1, description="most requests running at once")
+    max_model_len: int = Field(0, ge=0, description="context limit; 0 = the model's own")
+    enable_prefix_caching: bool = True
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    def resolved_threads(self) -> int:
+        return self.threads or (os.cpu_count() or 1)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.data_dir / "cache"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,109 @@
+"""AsyncLLMEngine: the engine's step loop on a background thread, one asyncio stream per request.
+
+The HTTP server and the chat CLI run on an event loop; the model runs on a thread so a forward
+pass never blocks the loop. Every engine call holds one lock, so adds and aborts from the loop
+interleave safely with steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import AsyncIterator
+
+from mainspring.engine.engine import LLMEngine, Prompt
+from mainspring.engine.outputs import RequestOutput
+from mainspring.engine.params import SamplingParams
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._aborts: list[str] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="mainspring-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                     priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yields a RequestOutput after every step that advanced the request; the last is finished.
+
+        Leaving the iteration early (client gone, task cancelled) aborts the request.
+        """
+        if self._error is not None:
+            raise RuntimeError("the engine loop stopped") from self._error
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def add() -> str:  # on a worker thread: waiting for the lock must not block the event loop
+            with self._lock:
+                rid = self.engine.add_request(prompt, params, request_id, priority, cache_salt)
+                self._queues[rid] = (loop, queue)
+            self._wake.set()
+            return rid
+
+        rid = await asyncio.to_thread(add)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError("the engine failed while serving this request") from item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None, **kw) -> RequestOutput:
+        last = None
+        async for out in self.stream(prompt, params, **kw):
+            last = out
+        assert last is not None
+        return last
+
+    def abort(self, request_id: str) -> None:
+        """Non-blocking: the engine thread drops the request before its next step."""
+        self._queues.pop(request_id, None)
+        self._aborts.append(request_id)
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            with self._lock:
+                while self._aborts:
+                    self.engine.abort(self._aborts.pop())
+                if not self.engine.has_unfinished():
+                    self._wake.clear()
+                    continue
+                try:
+                    outputs = self.engine.step()
+                except BaseException as exc:  # deliver to every waiting stream instead of dying silently
+                    self._error = exc
+                    for loop, q in self._queues.values():
+                        loop.call_soon_threadsafe(q.put_nowait, exc)
+                    self._queues.clear()
+                    return
+                for out in outputs:
+                    target = self._queues.get(out.request_id)
+                    if target is None:
+                        continue
+                    if out.finished:
+                        del self._queues[out.request_id]
+                    target[0].call_soon_threadsafe(target[1].put_nowait, out)

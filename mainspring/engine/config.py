@@ -1,0 +1,49 @@
+"""Model and engine configuration: what the weights are, and how the engine runs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters, in Hugging Face `config.json` vocabulary."""
+
+    architecture: str  # "llama" | "qwen2" | "mistral"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # HF dict: rope_type llama3 / linear / dynamic ...
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+@dataclass
+class EngineConfig:
+    """How the engine schedules and caches; filled from `Settings` by `LLMEngine`."""
+
+    block_size: int = 16
+    num_blocks: int = 0  # 0 = derive from kv_cache_mb
+    kv_cache_mb: int = 1024
+    max_num_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    max_model_len: int = 0  # 0 = the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    threads: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)

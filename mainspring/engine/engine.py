@@ -1,0 +1,203 @@
+"""LLMEngine: requests in, tokens out; one `step()` = schedule, forward, sample, detokenize."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import torch
+from rich.progress import Progress
+
+from mainspring.config import Settings, get_settings
+from mainspring.engine.config import EngineConfig, ModelConfig
+from mainspring.engine.detokenizer import IncrementalDetokenizer
+from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.kv_cache import BlockManager
+from mainspring.engine.loader import LoadedModel, load_model
+from mainspring.engine.model import CausalLM
+from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
+from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
+from mainspring.engine.params import SamplingParams
+from mainspring.engine.sampler import Sampler
+from mainspring.engine.scheduler import Scheduler
+from mainspring.engine.sequence import Sequence
+from mainspring.engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+Prompt = str | list[int]
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | int | None = None
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        self.name = loaded.name
+        self.model_config: ModelConfig = loaded.config
+        self.tokenizer: Tokenizer = loaded.tokenizer
+        model = CausalLM(loaded.config)
+        model.load_weights(loaded.state_dict)
+        self.model = model.eval().requires_grad_(False)
+        self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
+                                 loaded.config.max_position_embeddings)
+        bs = self.config.block_size
+        num_blocks = self.config.num_blocks or max(
+            1, self.config.kv_cache_mb * 2**20 // kv_bytes_per_block(self.model, bs))
+        self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        self._requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **overrides) -> "LLMEngine":
+        s = settings or get_settings()
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        config = EngineConfig(
+            block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
+            enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
+        )
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        return cls(load_model(s.model, s.cache_dir), config)
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    priority: int = 0, cache_salt: str | None = None) -> str:
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        if any(not 0 <= t < self.model_config.vocab_size for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.max_model_len} tokens; "
+                "shorten the prompt (at least one token must be left to generate)")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, ids, params, priority=priority, cache_salt=cache_salt)
+        self.scheduler.add(seq)
+        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, ids, params),
+                                              [] if params.logprobs is not None else None)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.abort(request_id)
+        self.sampler.free(req.seq.seq_id)
+        req.seq.finish_reason = "abort"
+        return self._output(req, [], "", finished=True)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        logits, seqs = self.runner.execute(sched.scheduled)
+        sampled = self.sampler(logits, seqs) if seqs else None
+        new_tokens = {s.seq_id: t for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
+        self.scheduler.postprocess(sched, new_tokens)
+        outputs = []
+        for i, seq in enumerate(seqs):
+            req = self._requests.get(seq.request_id)
+            if req is None:
+                continue
+            token = new_tokens[seq.seq_id]
+            lp = self._token_logprob(token, sampled.logprobs[i]) if req.logprobs is not None else None
+            outputs.append(self._advance(req, token, lp))
+        return outputs
+
+    def _advance(self, req: _Request, token: int, lp: TokenLogprob | None) -> RequestOutput:
+        seq, p = req.seq, req.seq.params
+        delta = req.detok.add(token)
+        if lp is not None:
+            req.logprobs.append(lp)
+        reason, stop = None, None
+        n_out = seq.num_output_tokens
+        if n_out >= p.min_tokens and (token in p.stop_token_ids or
+                                      (not p.ignore_eos and token in self.tokenizer.eos_token_ids)):
+            reason, stop = "stop", (token if token in p.stop_token_ids else None)
+        elif req.detok.finished_by_stop:
+            reason, stop = "stop", req.detok.stop_reason
+        elif n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            if not req.detok.finished_by_stop:
+                delta += req.detok.flush()  # text held back in case it began a stop string
+            seq.finish_reason, req.stop_reason = reason, stop
+            self.scheduler.finish(seq, reason)
+            self.sampler.free(seq.seq_id)
+            del self._requests[seq.request_id]
+        return self._output(req, [token], delta, finished=reason is not None)
+
+    def _output(self, req: _Request, delta_ids: list[int], delta_text: str, finished: bool) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.output_token_ids),
+            text=req.detok.text,
+            delta_token_ids=delta_ids,
+            delta_text=delta_text,
+            logprobs=list(req.logprobs) if req.logprobs is not None else None,
+            finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            stop_reason=req.stop_reason if finished else None,
+            usage=Usage(seq.num_prompt_tokens, seq.usage_cached_tokens or 0, seq.num_output_tokens),
+        )
+
+    def _token_logprob(self, token: int, raw) -> TokenLogprob:
+        chosen, top = raw
+        text = self.tokenizer.token_text
+        return TokenLogprob(token, text(token), chosen, tuple(TopLogprob(t, text(t), lp) for t, lp in top))
+
+    # -- batch API --------------------------------------------------------------------------
+    def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Runs every prompt to completion with continuous batching; outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        plist = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise InvalidRequestError(f"got {len(plist)} sampling params for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        with Progress(disable=not use_tqdm, transient=True) as bar:
+            task = bar.add_task("generating", total=len(ids))
+            while self.has_unfinished():
+                for out in self.step():
+                    if out.finished:
+                        final[out.request_id] = out
+                        bar.advance(task)
+        return [final[i] for i in ids]
+
+    def stats(self) -> dict:
+        return {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
+                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks}
+

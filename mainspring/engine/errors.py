@@ -1,0 +1,17 @@
+"""Errors the engine raises for bad input; each message names the problem and what to do."""
+
+
+class EngineError(Exception):
+    """Base class: the request or model given to the engine cannot be served."""
+
+
+class ModelLoadError(EngineError):
+    """The model file or folder is missing, unreadable or corrupt."""
+
+
+class UnsupportedModelError(EngineError):
+    """The model's architecture or a tensor type is not one the engine implements."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A sampling parameter or prompt is invalid (e.g. top_p=2, a prompt longer than the context)."""

@@ -1,0 +1,315 @@
+"""Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-sequence block tables and
+automatic prefix caching (vLLM / nano-vllm design).
+
+Only ids and counts live here; the KV tensors live in the model runner and are indexed by
+slot = block_id * block_size + offset. A FULL, computed block is identified by a chained
+SHA-256 hash (parent hash, its tokens, the request's cache_salt), so two requests that share a
+prefix share its blocks. Blocks whose ref_count drops to 0 go to an LRU free queue but keep their
+hash, so they stay hittable until the allocator hands them out again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from mainspring.engine.sequence import Sequence
+
+
+def hash_block_tokens(parent: bytes | None, token_ids: Seq[int], salt: str | None = None) -> bytes:
+    """Chained hash of one full block.
+
+    SHA-256 rather than Python's hash(): the cache may be shared between tenants, and a
+    collision would leak one tenant's KV into another's answer. The salt only enters the first
+    block; every later block inherits it through the parent hash. Markers keep the byte layout
+    unambiguous (root vs child, no salt vs empty salt).
+    """
+    h = hashlib.sha256()
+    if parent is None:
+        if salt is None:
+            h.update(b"R\x00")
+        else:
+            raw = salt.encode("utf-8")
+            h.update(b"R\x01" + len(raw).to_bytes(4, "little") + raw)
+    else:
+        h.update(b"P" + parent)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None  # set once the block is full and its KV computed
+    token_ids: tuple[int, ...] | None = None  # collision guard: compared on every hit
+    parent_hash: bytes | None = None  # collision guard for the chain position
+    salt: str | None = None  # collision guard for tenant isolation
+
+    def _clear(self) -> None:
+        self.hash = None
+        self.token_ids = None
+        self.parent_hash = None
+        self.salt = None
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    num_blocks: int
+    num_free_blocks: int  # ref_count 0, cached or not
+    num_cached_blocks: int  # registered in the prefix cache (in use or free)
+    usage: float  # fraction of blocks in use
+    prefix_cache_queries: int  # prompt tokens looked up at admission
+    prefix_cache_hits: int  # of which served from the cache
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks: list[Block] = [Block(i) for i in range(num_blocks)]
+        # Free queue in eviction order: head = next to hand out (LRU), tail = most recently freed.
+        # OrderedDict gives O(1) pop-head, push-tail and removal from the middle (on a hit).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[bytes, int] = {}  # hash -> block id (one canonical block per hash)
+        # Full prompt blocks a running seq is still computing: hash -> how many seqs compute it,
+        # and per seq the (block index, hash) list not yet registered.
+        self._pending: dict[bytes, int] = {}
+        self._pending_of: dict[int, list[tuple[int, bytes]]] = {}
+        self._queries = 0
+        self._hits = 0
+
+    # ---- pool state ---------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def stats(self) -> KVCacheStats:
+        return KVCacheStats(
+            num_blocks=self.num_blocks,
+            num_free_blocks=self.num_free_blocks,
+            num_cached_blocks=self.num_cached_blocks,
+            usage=self.usage,
+            prefix_cache_queries=self._queries,
+            prefix_cache_hits=self._hits,
+        )
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """Where the KV of token `position` of `seq` lives in the flat slot space."""
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Slots for positions [start, end) (what a prefill chunk or decode step writes)."""
+        bs, table = self.block_size, seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        """Blocks that cover all of `seq`'s tokens (hit or fresh)."""
+        return (seq.num_tokens + self.block_size - 1) // self.block_size
+
+    # ---- prefix cache lookup -------------------------------------------------------------
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids of the longest cached chain for `seq` (what `allocate` would reuse).
+
+        Only blocks fully inside token_ids[: num_tokens - 1] qualify: the last token is always
+        recomputed (its logits are needed) and new KV must never land in a shared block.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs, salt = self.block_size, seq.cache_salt
+        hits: list[int] = []
+        parent: bytes | None = None
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = hash_block_tokens(parent, tokens, salt)
+            bid = self._cached.get(h)
+            if bid is None:
+                break
+            b = self.blocks[bid]
+            # A hash match alone is not trusted: compare the content the hash stands for.
+            if b.token_ids != tokens or b.parent_hash != parent or b.salt != salt:
+                break
+            hits.append(bid)
+            parent = h
+        return hits
+
+    def waits_for_prefix(self, seq: Sequence) -> bool:
+        """True if the next blocks of `seq`'s longest cached chain are being computed right now
+        by a running sequence. Admitting `seq` a step later then reuses them instead of
+        computing the same prefix twice (32 agents sharing one system prompt arrive together)."""
+        if not self.enable_prefix_caching or not self._pending:
+            return False
+        bs, parent = self.block_size, None
+        for i in range((seq.num_tokens - 1) // bs):
+            h = hash_block_tokens(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt)
+            if h not in self._cached:
+                return h in self._pending
+            parent = h
+        return False
+
+    def num_blocks_to_allocate(self, seq: Sequence) -> int:
+        """Free-pool blocks `allocate(seq)` would consume: fresh blocks plus cache hits that are
+        currently free (ref 0). Hits on blocks another sequence holds cost nothing."""
+        hits = self.cached_prefix(seq)
+        free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
+        return self.blocks_needed(seq) - len(hits) + free_hits
+
+    # ---- allocation ------------------------------------------------------------------------
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self.num_blocks_to_allocate(seq) <= len(self._free)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give a waiting `seq` blocks for all its tokens, reusing the longest cached prefix."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.request_id!r} already holds blocks")
+        hits = self.cached_prefix(seq)
+        fresh = self.blocks_needed(seq) - len(hits)
+        free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
+        if fresh + free_hits > len(self._free):
+            raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_allocate first")
+        # Take the hits out of the free queue BEFORE popping fresh blocks, so eviction can
+        # never hand us a block we are about to reuse.
+        for bid in hits:
+            b = self.blocks[bid]
+            if b.ref_count == 0:
+                del self._free[bid]
+            b.ref_count += 1
+        table = list(hits)
+        table.extend(self._pop_free() for _ in range(fresh))
+        seq.block_table = table
+        cached = len(hits) * self.block_size
+        seq.num_cached_tokens = cached
+        seq.num_computed_tokens = cached
+        if seq.usage_cached_tokens is None:
+            seq.usage_cached_tokens = cached
+        if self.enable_prefix_caching:
+            self._queries += seq.num_tokens
+            self._hits += cached
+            self._track_pending(seq, len(hits))
+
+    def _track_pending(self, seq: Sequence, first: int) -> None:
+        bs = self.block_size
+        parent = self.blocks[seq.block_table[first - 1]].hash if first else None
+        pending = []
+        for i in range(first, seq.num_tokens // bs):
+            parent = hash_block_tokens(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt)
+            pending.append((i, parent))
+            self._pending[parent] = self._pending.get(parent, 0) + 1
+        if pending:
+            self._pending_of[seq.seq_id] = pending
+
+    def _untrack_pending(self, seq: Sequence, below: int | None = None) -> None:
+        """Drop `seq`'s pending blocks with index < below (all if None)."""
+        pending = self._pending_of.get(seq.seq_id)
+        while pending and (below is None or pending[0][0] < below):
+            _, h = pending.pop(0)
+            n = self._pending[h] - 1
+            if n:
+                self._pending[h] = n
+            else:
+                del self._pending[h]
+        if not pending:
+            self._pending_of.pop(seq.seq_id, None)
+
+    def _pop_free(self) -> int:
+        bid, _ = self._free.popitem(last=False)
+        b = self.blocks[bid]
+        # Evict: the block's old content is about to be overwritten.
+        if b.hash is not None and self._cached.get(b.hash) == bid:
+            del self._cached[b.hash]
+        b._clear()
+        b.ref_count = 1
+        return bid
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release `seq`'s blocks (finish, abort or preemption)."""
+        # Reverse order: the deepest prefix blocks are least likely to be shared by a future
+        # request, so they reach the free queue first and are evicted first.
+        for bid in reversed(seq.block_table):
+            b = self.blocks[bid]
+            b.ref_count -= 1
+            if b.ref_count < 0:
+                raise RuntimeError(f"block {bid} ref_count went negative")
+            if b.ref_count == 0:
+                self._free[bid] = None
+                if b.hash is None or self._cached.get(b.hash) != bid:
+                    # Nothing can ever hit this block (partial, or a duplicate of a registered
+                    # block): hand it out before any block that still caches a prefix.
+                    self._free.move_to_end(bid, last=False)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        self._untrack_pending(seq)
+
+    # ---- decode ------------------------------------------------------------------------------
+
+    def _missing_blocks(self, seq: Sequence) -> int:
+        return max(0, self.blocks_needed(seq) - len(seq.block_table))
+
+    def can_append(self, seq: Sequence) -> bool:
+        """True if a slot exists (or can be made) for every token of `seq`, normally the newest."""
+        return self._missing_blocks(seq) <= len(self._free)
+
+    def may_append(self, seq: Sequence) -> None:
+        missing = self._missing_blocks(seq)
+        if missing > len(self._free):
+            raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_append first")
+        seq.block_table.extend(self._pop_free() for _ in range(missing))
+
+    def mark_computed(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """Register every block of `seq` that is full and computed up to `num_computed_tokens`.
+
+        Only call with tokens that are final (e.g. accepted, not merely drafted): a registered
+        block is served to other requests as-is.
+        """
+        if not self.enable_prefix_caching:
+            return
+        bs, table = self.block_size, seq.block_table
+        full = min(num_computed_tokens, seq.num_tokens) // bs
+        full = min(full, len(table))
+        # Walk back to the first unhashed block; normally zero or one block per step.
+        i = full
+        while i > 0 and self.blocks[table[i - 1]].hash is None:
+            i -= 1
+        parent = self.blocks[table[i - 1]].hash if i > 0 else None
+        for j in range(i, full):
+            b = self.blocks[table[j]]
+            tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
+            h = hash_block_tokens(parent, tokens, seq.cache_salt)
+            b.hash, b.token_ids, b.parent_hash, b.salt = h, tokens, parent, seq.cache_salt
+            # An identical block already registered wins; ours stays an unregistered duplicate
+            # (block tables are append-only, so we never swap a table entry).
+            self._cached.setdefault(h, b.block_id)
+            parent = h
+        self._untrack_pending(seq, below=full)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (e.g. after weights change). Refused (False) while any
+        block is in use, since running requests would re-register stale blocks."""
+        if len(self._free) != self.num_blocks:
+            return False
+        self._cached.clear()
+        for b in self.blocks:
+            b._clear()
+        return True

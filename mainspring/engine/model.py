@@ -1,0 +1,110 @@
+"""Llama-family causal LM (Llama, Mistral, Qwen2) over a paged KV cache.
+
+Tokens of every sequence in a step are flattened into one batch [T]; Q/K/V and gate/up are
+fused into single matmuls so a decode step is a handful of GEMMs per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mainspring.engine.attention import AttentionMetadata, paged_attention
+from mainspring.engine.config import ModelConfig
+from mainspring.engine.errors import ModelLoadError
+from mainspring.engine.layers import RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.scale = self.d**-0.5
+
+    def forward(self, x, positions, rope: RotaryEmbedding, kv: tuple[torch.Tensor, torch.Tensor], meta):
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
+        q, k = rope(positions, q.view(t, self.h, self.d), k.view(t, self.kvh, self.d))
+        o = paged_attention(q, k, v.view(t, self.kvh, self.d), kv[0], kv[1], meta, self.scale)
+        return self.o_proj(o.reshape(t, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, rope, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
+        """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv in zip(self.layers, kv_cache):
+            x = layer(x, positions, self.rope, kv, meta)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load Hugging Face-named tensors, fusing q/k/v and gate/up."""
+        sd = dict(state_dict)
+        fused = {}
+        for i in range(self.config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            fused[f"layers.{i}.self_attn.qkv_proj.weight"] = [a + n + ".weight" for n in ("q_proj", "k_proj", "v_proj")]
+            if self.config.attention_bias:
+                fused[f"layers.{i}.self_attn.qkv_proj.bias"] = [a + n + ".bias" for n in ("q_proj", "k_proj", "v_proj")]
+            fused[f"layers.{i}.mlp.gate_up_proj.weight"] = [m + "gate_proj.weight", m + "up_proj.weight"]
+        params = dict(self.named_parameters())
+        for name, param in params.items():
+            if name in fused:
+                parts = [_take(sd, n) for n in fused[name]]
+                value = torch.cat(parts, dim=0)
+            elif name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            else:
+                value = _take(sd, "model." + name if name != "lm_head.weight" else name)
+            if value.shape != param.shape:
+                raise ModelLoadError(f"tensor {name}: shape {tuple(value.shape)} != expected {tuple(param.shape)}")
+            param.copy_(value)
+
+
+def _take(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in sd:
+        raise ModelLoadError(f"weights are missing tensor {name!r}")
+    return sd[name]

@@ -1,0 +1,104 @@
+"""Sampling parameters of one request (vLLM / OpenAI vocabulary), validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mainspring.engine.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+_FLOAT_FIELDS = (
+    "temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"
+)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (-1 is accepted as "off" too, as vLLM clients send it)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # >1 discourages tokens already in prompt or output (CTRL-style)
+    presence_penalty: float = 0.0  # OpenAI: subtract once if the token appeared in the output
+    frequency_penalty: float = 0.0  # OpenAI: subtract per occurrence in the output
+    max_tokens: int = 256
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    seed: int | None = None
+    logprobs: int | None = None  # None = off; k = chosen token + k top alternatives
+
+    def __post_init__(self) -> None:
+        # None means "no stop strings" for clients that send null; a bare string is one stop string.
+        if self.stop is None:
+            self.stop = []
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        # A non-iterable here must surface as InvalidRequestError naming the field, not a TypeError.
+        for name in ("stop", "stop_token_ids"):
+            try:
+                setattr(self, name, list(getattr(self, name)))
+            except TypeError:
+                raise InvalidRequestError(
+                    f"invalid sampling parameter {name}={getattr(self, name)!r}: must be a list"
+                ) from None
+        if isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise InvalidRequestError(f"invalid sampling parameter {name}={getattr(self, name)!r}: {why}")
+
+        # Type checks first: comparisons on a str/None would raise TypeError instead of a 400, and
+        # bool is an int subclass that must not pass as a number. Floats must be finite (inf/nan).
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "must be a finite number")
+        for name in ("top_k", "max_tokens", "min_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                bad(name, "must be an integer")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be true or false")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int)):
+            bad("logprobs", "must be an integer or null")
+
+        if not 0.0 <= self.temperature <= 100.0:
+            bad("temperature", "must be between 0 and 100 (0 = greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", "must be in (0, 1]")
+        if self.top_k < 0:
+            bad("top_k", "must be >= 0 (0 or -1 disables it)")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", "must be in [0, 1]")
+        if not self.repetition_penalty > 0.0:
+            bad("repetition_penalty", "must be > 0 (1 disables it)")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad("presence_penalty", "must be between -2 and 2")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad("frequency_penalty", "must be between -2 and 2")
+        if self.max_tokens < 1:
+            bad("max_tokens", "must be at least 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", "must be between 0 and max_tokens")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "stop strings must be non-empty strings")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be non-negative token ids")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            bad("logprobs", f"must be between 0 and {MAX_LOGPROBS}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            bad("seed", "must be an integer")

@@ -1,0 +1,265 @@
+"""Continuous batching with chunked prefill, priorities and recompute preemption.
+
+Each step mixes decode tokens of running sequences with (chunks of) prefills of newly admitted
+ones under one token budget, as vLLM V1 does. When the KV pool runs out, the lowest-priority
+running sequence is preempted: its blocks are freed and it goes back to waiting, to be
+recomputed later (mostly from the prefix cache, since its freed blocks keep their hashes).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from mainspring.engine.config import EngineConfig
+from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.kv_cache import BlockManager
+from mainspring.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """Compute seq.token_ids[start : start + num_tokens] this step (start = num_computed_tokens
+    when scheduled; captured so it stays valid after postprocess advances the sequence)."""
+
+    seq: Sequence
+    num_tokens: int
+    start: int = field(init=False)
+    _samples: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.seq.num_computed_tokens
+        self._samples = self.start + self.num_tokens == self.seq.num_tokens
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk completes the sequence: the model samples its next token."""
+        return self._samples
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start : self.end]
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.end)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    # Ended by the scheduler itself (finish_reason "length"): the sequence outgrew the whole KV
+    # pool and could never be re-admitted. The engine must emit their final output.
+    finished: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _rank(seq: Sequence) -> tuple[int, float, int]:
+    """Sort key: more urgent first; latest arrival last (seq_id breaks exact ties)."""
+    return (seq.priority, seq.arrival_time, seq.seq_id)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if config.block_size != block_manager.block_size:
+            raise ValueError(
+                f"config.block_size ({config.block_size}) != block_manager.block_size ({block_manager.block_size})"
+            )
+        self.config = config
+        self.block_manager = block_manager
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        # waiting: sorted by priority; within a priority, preempted seqs at the front, then
+        # arrival (add) order. running: sorted by _rank, so the victim is always running[-1].
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    # ---- queues ----------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request. Rejects one that could never fit in the KV pool."""
+        if seq.num_tokens == 0:
+            raise InvalidRequestError("the prompt is empty; it needs at least one token")
+        bm = self.block_manager
+        need = bm.blocks_needed(seq)
+        if need > bm.num_blocks:
+            raise InvalidRequestError(
+                f"the prompt needs {need} KV blocks ({seq.num_tokens} tokens, {bm.block_size} per "
+                f"block) but the KV cache has {bm.num_blocks}; shorten the prompt or enlarge the "
+                "KV cache (kv_cache_mb / num_blocks)"
+            )
+        seq.status = SequenceStatus.WAITING
+        # End of its priority group = arrival order among equals.
+        self.waiting.insert(bisect.bisect_right(self.waiting, seq.priority, key=_prio), seq)
+
+    def _requeue_front(self, seq: Sequence) -> None:
+        # Front of its priority group: a preempted seq was admitted before anything still waiting
+        # at its priority, so it keeps its turn.
+        self.waiting.insert(bisect.bisect_left(self.waiting, seq.priority, key=_prio), seq)
+
+    def _remove(self, seq: Sequence) -> None:
+        for queue in (self.running, self.waiting):
+            for i, s in enumerate(queue):
+                if s is seq:
+                    del queue[i]
+                    return
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` (stop, length, abort): free its blocks and drop it from the queues."""
+        self._remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for queue in (self.running, self.waiting):
+            for s in queue:
+                if s.request_id == request_id:
+                    self.finish(s, "abort")
+                    return s
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self._requeue_front(seq)
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        bm = self.block_manager
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        # 1. Running sequences, most urgent first: a decode token each, or the next prefill chunk.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.num_uncomputed_tokens <= 0:  # nothing new to compute (engine gave no token)
+                i += 1
+                continue
+            # Make room by preempting the least urgent running seq. running is sorted, so the
+            # victim is never a seq already scheduled this step (they rank above `seq`).
+            while not bm.can_append(seq) and self.running[-1] is not seq:
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+            if not bm.can_append(seq):
+                # `seq` is itself the least urgent: it gives way.
+                if bm.blocks_needed(seq) > bm.num_blocks:
+                    # It outgrew the whole pool and could never be re-admitted: end it instead
+                    # of parking it at the head of waiting forever.
+                    self.finish(seq, "length")
+                    out.finished.append(seq)
+                else:
+                    self._preempt(seq)
+                    out.preempted.append(seq)
+                break  # seq was running[-1]; nothing after it
+            bm.may_append(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+
+        # 2. Admit waiting sequences. Not after a preemption in step 1: memory is tight, and the
+        # just-preempted seq would be re-admitted only to be preempted again (vLLM does the same).
+        if out.preempted or out.finished:
+            return out
+        preempted_now: set[int] = set()
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.seq_id in preempted_now or bm.waits_for_prefix(seq):
+                break
+            if not bm.can_allocate(seq) and not self._preempt_for(seq, out, preempted_now):
+                break  # no head-of-line skipping past a blocked, more urgent seq
+            # Budget returned by unscheduled victims.
+            budget = self.max_num_batched_tokens - out.num_batched_tokens
+            del self.waiting[0]
+            bm.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.insert(bisect.bisect_right(self.running, _rank(seq), key=_rank), seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def _preempt_for(self, head: Sequence, out: SchedulerOutput, preempted_now: set[int]) -> bool:
+        """Priority preemption: free blocks for `head` by preempting strictly less urgent running
+        seqs, least urgent first. Preempts nothing unless that can actually make `head` fit."""
+        bm = self.block_manager
+        victims = [s for s in self.running if s.priority > head.priority]
+        if not victims:
+            return False
+        # Blocks freed if every candidate went: those whose every reference is a candidate's.
+        holders: dict[int, int] = {}
+        for s in victims:
+            for bid in s.block_table:
+                holders[bid] = holders.get(bid, 0) + 1
+        freeable = {bid for bid, n in holders.items() if bm.blocks[bid].ref_count == n}
+        # A hit on a block only victims hold is free today but would cost a block once they go.
+        rehit = sum(1 for bid in bm.cached_prefix(head) if bid in freeable)
+        if bm.num_free_blocks + len(freeable) - rehit < bm.num_blocks_to_allocate(head):
+            return False
+        while not bm.can_allocate(head):
+            victim = self.running[-1]
+            if victim.priority <= head.priority:  # unreachable given the check above
+                return False
+            for k, s in enumerate(out.scheduled):
+                if s.seq is victim:  # scheduled in step 1: take its tokens back out
+                    del out.scheduled[k]
+                    break
+            self._preempt(victim)
+            out.preempted.append(victim)
+            preempted_now.add(victim.seq_id)
+        return True
+
+    # ---- after the model ran ----------------------------------------------------------------
+
+    def postprocess(self, output: SchedulerOutput, sampled: dict[int, int]) -> None:
+        """Advance each scheduled seq by its chunk and append the token sampled for it.
+
+        `sampled` maps seq_id -> token id for every scheduled seq whose chunk `samples`.
+        Afterwards a decoding seq has num_computed_tokens == num_tokens - 1.
+        """
+        bm = self.block_manager
+        for s in output.scheduled:
+            seq = s.seq
+            if seq.status != SequenceStatus.RUNNING:  # aborted/finished while the step ran
+                continue
+            seq.num_computed_tokens = s.end
+            bm.mark_computed(seq, seq.num_computed_tokens)
+            if s.samples:
+                if seq.seq_id not in sampled:
+                    raise ValueError(f"no sampled token for {seq.request_id!r} (seq_id {seq.seq_id})")
+                seq.append_token(sampled[seq.seq_id])
+
+
+def _prio(seq: Sequence) -> int:
+    return seq.priority

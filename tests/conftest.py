@@ -1,0 +1,25 @@
+"""Shared test setup: keep torch to a deliberate thread count so tests don't oversubscribe 2 cores."""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("MAINSPRING_TEST_THREADS", "2")))
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+# converted weights are cached per checkout, so a clean clone converts once per run
+os.environ.setdefault("MAINSPRING_DATA_DIR", str(Path(__file__).resolve().parent.parent / ".mainspring-test"))
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct, converted and loaded once per test session."""
+    from mainspring.config import Settings
+    from mainspring.engine.loader import load_model
+
+    return load_model("smollm2", Settings().cache_dir)
