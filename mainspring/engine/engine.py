@@ -117,13 +117,14 @@ class LLMEngine:
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        ended = [self._end_outgrown(seq) for seq in sched.finished if seq.request_id in self._requests]
         if not sched.scheduled:
-            return []
+            return ended
         logits, seqs = self.runner.execute(sched.scheduled)
         sampled = self.sampler(logits, seqs) if seqs else None
         new_tokens = {s.seq_id: t for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
         self.scheduler.postprocess(sched, new_tokens)
-        outputs = []
+        outputs = ended
         for i, seq in enumerate(seqs):
             req = self._requests.get(seq.request_id)
             if req is None:
@@ -135,13 +136,15 @@ class LLMEngine:
 
     def _advance(self, req: _Request, token: int, lp: TokenLogprob | None) -> RequestOutput:
         seq, p = req.seq, req.seq.params
-        delta = req.detok.add(token)
+        n_out = seq.num_output_tokens
+        stop_token = n_out >= p.min_tokens and (
+            token in p.stop_token_ids or (not p.ignore_eos and token in self.tokenizer.eos_token_ids))
+        # like vLLM: a stop token's own text is not part of the output unless asked for
+        delta = req.detok.add(token) if not stop_token or p.include_stop_str_in_output else ""
         if lp is not None:
             req.logprobs.append(lp)
         reason, stop = None, None
-        n_out = seq.num_output_tokens
-        if n_out >= p.min_tokens and (token in p.stop_token_ids or
-                                      (not p.ignore_eos and token in self.tokenizer.eos_token_ids)):
+        if stop_token:
             reason, stop = "stop", (token if token in p.stop_token_ids else None)
         elif req.detok.finished_by_stop:
             reason, stop = "stop", req.detok.stop_reason
@@ -155,6 +158,12 @@ class LLMEngine:
             self.sampler.free(seq.seq_id)
             del self._requests[seq.request_id]
         return self._output(req, [token], delta, finished=reason is not None)
+
+    def _end_outgrown(self, seq: Sequence) -> RequestOutput:
+        """The scheduler ended `seq`: it grew past the whole KV pool (finish_reason "length")."""
+        req = self._requests.pop(seq.request_id)
+        self.sampler.free(seq.seq_id)
+        return self._output(req, [], req.detok.flush(), finished=True)
 
     def _output(self, req: _Request, delta_ids: list[int], delta_text: str, finished: bool) -> RequestOutput:
         seq = req.seq

@@ -274,7 +274,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
             tmp / "mainspring_source.json",
             {"gguf": str(gguf_path), "converter_version": CONVERTER_VERSION, "name": meta.get("general.name")},
         )
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        # mkdtemp (and safetensors' writer) create owner-only modes; the cache is plain shared data.
+        os.chmod(tmp, 0o755)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+            # Flush before the rename publishes the folder: after a power cut it must not hold empty files.
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         try:
             os.rename(tmp, out_dir)
         except OSError:

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,9 @@ def ensure_hf_dir(path: Path, cache_dir: Path) -> Path:
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "config.json").is_file():
+            # Leftovers of a converter that was killed mid-write; holding the lock, nobody else owns them.
+            for stale in out.parent.glob(f".tmp-{out.name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
             convert_gguf(path, out)
     return out
 
@@ -164,7 +168,8 @@ def load_model_config(hf_dir: str | Path) -> ModelConfig:
         eos = _ids(cfg.get("eos_token_id"))
         gen_path = hf_dir / "generation_config.json"
         if gen_path.is_file():
-            eos += [i for i in _ids(json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id")) if i not in eos]
+            gen = json.loads(gen_path.read_text(encoding="utf-8"))
+            eos += [i for i in _ids(gen.get("eos_token_id")) if i not in eos]
         return ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),

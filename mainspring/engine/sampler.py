@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence as SequenceABC
 from dataclasses import dataclass
 from itertools import chain
+from typing import NamedTuple
 
 import torch
 
@@ -25,12 +26,11 @@ _TINY = torch.finfo(torch.float32).tiny
 _GREEDY_EPS = 1e-5
 
 
-@dataclass(frozen=True)
-class SampleLogprobs:
+class SampleLogprobs(NamedTuple):
     """Log-probabilities of one sampled token under the model's raw distribution (log_softmax of
-    the logits before penalties and temperature, as OpenAI and vLLM report them)."""
+    the logits before penalties and temperature, as OpenAI and vLLM report them). A tuple, so
+    `chosen, top = sample_logprobs` works; the token itself is SamplerOutput.token_ids[row]."""
 
-    token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token_id, logprob) of the params.logprobs likeliest, likeliest first
 
@@ -42,15 +42,19 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless except for one torch.Generator per seeded sequence (created on its first step)."""
+    """Per-sequence state, keyed by seq_id and dropped by free(): a torch.Generator for each seeded
+    sequence, and the distinct prompt token ids of each sequence with a repetition penalty (the
+    prompt never changes, so long prompts are converted to a tensor once, not every step)."""
 
     def __init__(self, eos_token_ids: Iterable[int] = ()) -> None:
         self.eos_token_ids: list[int] = list(eos_token_ids)
         self._generators: dict[int, torch.Generator] = {}
+        self._prompt_ids: dict[int, torch.Tensor] = {}
 
     def free(self, seq_id: int) -> None:
-        """Drop a finished sequence's generator; call once when the request ends (any reason)."""
+        """Drop a finished sequence's state; call once when the request ends (any reason)."""
         self._generators.pop(seq_id, None)
+        self._prompt_ids.pop(seq_id, None)
 
     @property
     def num_seeded(self) -> int:
@@ -90,13 +94,29 @@ class Sampler:
         # A contiguous copy: the caller's tensor keeps the raw logits (logprobs need them), and the
         # penalty helpers edit it through x.view(-1).
         logits = logits.clone(memory_format=torch.contiguous_format)
+        dev = logits.device
         if rep_rows:
-            _apply_repetition_penalty(logits, rep_rows, seqs)
+            seen = [
+                torch.cat([self._distinct_prompt_ids(seqs[r], dev), _ids(seqs[r].output_token_ids, dev)])
+                for r in rep_rows
+            ]
+            pens = [float(params[r].repetition_penalty) for r in rep_rows]
+            _apply_repetition_penalty(logits, rep_rows, seen, pens)
         if pf_rows:
-            _apply_presence_frequency(logits, pf_rows, seqs)
+            outputs = [_ids(seqs[r].output_token_ids, dev) for r in pf_rows]
+            pres = [float(params[r].presence_penalty) for r in pf_rows]
+            freq = [float(params[r].frequency_penalty) for r in pf_rows]
+            _apply_presence_frequency(logits, pf_rows, outputs, pres, freq)
         if min_tok_rows:
             self._mask_stop_tokens(logits, min_tok_rows, params)
         return logits
+
+    def _distinct_prompt_ids(self, seq: Sequence, device: torch.device) -> torch.Tensor:
+        ids = self._prompt_ids.get(seq.seq_id)
+        if ids is None:
+            ids = torch.unique(_ids(seq.prompt_token_ids, device))
+            self._prompt_ids[seq.seq_id] = ids
+        return ids
 
     # --- min_tokens -----------------------------------------------------------------------------
 
@@ -166,54 +186,63 @@ class Sampler:
         return gen
 
 
-# --- helpers: each edits rows `rows` of `x` in place ----------------------------------------------
+# --- helpers ------------------------------------------------------------------------------------
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, device=device, dtype=torch.long)
 
 
-def _flat_token_index(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """Positions in the flattened [len(token_lists), vocab] logits, one per (row, token) occurrence.
-    One tensor is built for all rows instead of one per row; ids outside the vocab are dropped."""
-    lengths = torch.tensor([len(t) for t in token_lists], device=device)
-    flat = torch.tensor(list(chain.from_iterable(token_lists)), device=device, dtype=torch.long)
-    row = torch.repeat_interleave(torch.arange(len(token_lists), device=device), lengths)
-    keep = (flat >= 0) & (flat < vocab)
-    return (row * vocab + flat)[keep]
+def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(token_ids, device=device, dtype=torch.long)
+
+
+def _flat_positions(
+    rows: list[int], token_rows: list[torch.Tensor], vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every (row j, token) occurrence: its position in the flattened logits, and j (the index
+    into `rows`), built with one cat for all rows. Ids outside the vocab are dropped."""
+    dev = token_rows[0].device
+    lengths = torch.tensor([t.numel() for t in token_rows], device=dev)
+    j = torch.repeat_interleave(torch.arange(len(rows), device=dev), lengths)
+    tok = torch.cat(token_rows)
+    # Ids come from the tokenizer and this sampler, so they are in range; checking is two cheap
+    # reductions, filtering (a boolean index) is not, so filter only when needed.
+    if tok.numel() and (int(tok.min()) < 0 or int(tok.max()) >= vocab):
+        keep = (tok >= 0) & (tok < vocab)
+        j, tok = j[keep], tok[keep]
+    return _index(rows, dev)[j] * vocab + tok, j
 
 
 # Penalties touch only the logits of tokens that occurred: O(tokens of the penalized rows), never a
-# dense [rows, vocab] pass. `x` is contiguous (the caller cloned it), so x.view(-1) aliases it.
+# dense [rows, vocab] pass. `x` is contiguous (apply_penalties cloned it), so x.view(-1) aliases it.
+# A token occurring several times gives duplicate positions; `flat[pos] = f(flat[pos])` gathers all
+# values before writing, so every duplicate writes the same value and f applies once (no unique()).
 
 
-def _apply_repetition_penalty(x: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> None:
+def _apply_repetition_penalty(
+    x: torch.Tensor, rows: list[int], seen: list[torch.Tensor], pens: list[float]
+) -> None:
     # CTRL / HF: every token seen in prompt or output is made less likely whatever its sign, so
     # positive logits are divided and negative ones multiplied by the penalty (once per token).
-    dev, vocab = x.device, x.shape[1]
-    local = torch.unique(_flat_token_index([seqs[r].token_ids for r in rows], vocab, dev))
+    pos, j = _flat_positions(rows, seen, x.shape[1])
     flat_x = x.view(-1)
-    pos = torch.tensor(rows, device=dev)[local // vocab] * vocab + local % vocab
-    pen = torch.tensor([float(seqs[r].params.repetition_penalty) for r in rows], device=dev)[local // vocab]
+    pen = torch.tensor(pens, device=x.device)[j]
     vals = flat_x[pos]
     flat_x[pos] = torch.where(vals > 0, vals / pen, vals * pen)
 
 
-def _apply_presence_frequency(x: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> None:
-    # OpenAI: over OUTPUT tokens only, logit -= presence * (count > 0) + frequency * count. The
-    # frequency term is a scatter_add of -frequency per occurrence; presence once per distinct token.
-    dev, vocab = x.device, x.shape[1]
-    local = _flat_token_index([seqs[r].output_token_ids for r in rows], vocab, dev)
-    if local.numel() == 0:
+def _apply_presence_frequency(
+    x: torch.Tensor, rows: list[int], outputs: list[torch.Tensor], pres: list[float], freq: list[float]
+) -> None:
+    # OpenAI: over OUTPUT tokens only, logit -= presence * (count > 0) + frequency * count: presence
+    # once per distinct token (see above), then frequency as a scatter_add once per occurrence.
+    pos, j = _flat_positions(rows, outputs, x.shape[1])
+    if pos.numel() == 0:
         return
     flat_x = x.view(-1)
-    row_ids = torch.tensor(rows, device=dev)
-    pres = torch.tensor([float(seqs[r].params.presence_penalty) for r in rows], device=dev)
-    freq = torch.tensor([float(seqs[r].params.frequency_penalty) for r in rows], device=dev)
-    pos = row_ids[local // vocab] * vocab + local % vocab
-    flat_x.scatter_add_(0, pos, -freq[local // vocab])
-    distinct = torch.unique(local)
-    flat_x[row_ids[distinct // vocab] * vocab + distinct % vocab] -= pres[distinct // vocab]
+    flat_x[pos] = flat_x[pos] - torch.tensor(pres, device=x.device)[j]
+    flat_x.scatter_add_(0, pos, -torch.tensor(freq, device=x.device)[j])
 
 
 def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -226,49 +255,93 @@ def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
     rows, vocab = x.shape
     dev, neg_inf = x.device, float("-inf")
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    use_k, use_p = any(ks), any(p.top_p < 1.0 for p in params)
+    k_on = torch.tensor([k > 0 for k in ks], device=dev).unsqueeze(1)
     thresh = torch.full((rows, 1), neg_inf, device=dev)
-    top: torch.Tensor | None = None
-    if use_k or use_p:
-        k_on = torch.tensor([k > 0 for k in ks], device=dev).unsqueeze(1)
-        p = torch.tensor([float(q.top_p) for q in params], device=dev).unsqueeze(1)
-        # Sorting the whole vocab is the slow part (~10x a topk on CPU) and a nucleus is usually a
-        # few dozen tokens, so work on the `cand` likeliest tokens and widen only while some row's
-        # nucleus may not fit: tokens past the candidates have at least the candidates' whole mass
-        # before them, so once that reaches p they are all dropped, just as a full sort drops them.
-        cand = min(vocab, max(max(ks), 256 if use_p else 0))
-        lse_full = torch.logsumexp(x, dim=-1, keepdim=True) if use_p else None
-        while True:
-            top = x.topk(cand, dim=-1).values  # sorted, likeliest first
-            if use_k:  # the k-th largest logit; off rows keep -inf
-                kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=dev).unsqueeze(1))
-                thresh = torch.where(k_on, kth, thresh)
-            if not use_p:
-                break
-            # top-p sees the top-k-renormalized distribution. A top-k row's kept tokens are all
-            # candidates, so its normalizer is over the candidates; other rows use the full row.
-            cut = top.masked_fill(top < thresh, neg_inf)
-            lse = torch.where(k_on, torch.logsumexp(cut, dim=-1, keepdim=True), lse_full)
-            probs = (cut - lse).exp()
-            mass = probs.cumsum(dim=-1)
-            if cand == vocab or bool(((mass[:, -1:] >= p) | (p >= 1.0)).all()):
-                break
-            cand = min(vocab, cand * 8)
-        if use_p:
-            # A token stays iff the mass strictly likelier than it is < p: a prefix of the sorted
-            # candidates, never empty. Its last token's logit is the threshold.
-            n_keep = ((mass - probs) < p).sum(dim=-1, keepdim=True).clamp_(1, cand)
-            p_thresh = top.gather(1, n_keep - 1)
-            thresh = torch.maximum(thresh, torch.where(p < 1.0, p_thresh, neg_inf))
+    max_logit: torch.Tensor | None = None
+    if any(ks):
+        top = x.topk(max(ks), dim=-1).values  # sorted, likeliest first
+        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=dev).unsqueeze(1))
+        thresh = torch.where(k_on, kth, thresh)  # the k-th largest logit; rows without top-k: -inf
+        max_logit = top[:, :1]
+    p_rows = [i for i, q in enumerate(params) if q.top_p < 1.0]
+    if p_rows:
+        p = torch.tensor([float(params[i].top_p) for i in p_rows], device=dev).unsqueeze(1)
+        cand = min(vocab, max([256] + [ks[i] for i in p_rows]))
+        if len(p_rows) == rows:  # no row copies in the common all-rows case
+            thresh = torch.maximum(thresh, _top_p_thresholds(x, thresh, k_on, p, cand))
+        else:
+            idx = _index(p_rows, dev)
+            thresh[idx] = torch.maximum(thresh[idx], _top_p_thresholds(x[idx], thresh[idx], k_on[idx], p, cand))
     min_ps = [float(q.min_p) for q in params]
     if any(m > 0.0 for m in min_ps):
         # prob < min_p * max_prob  <=>  logit < max_logit + log(min_p); log(0) = -inf turns it off.
-        max_logit = top[:, :1] if top is not None else x.amax(dim=-1, keepdim=True)
+        if max_logit is None:
+            max_logit = x.amax(dim=-1, keepdim=True)
         thresh = torch.maximum(thresh, max_logit + torch.tensor(min_ps, device=dev).log().unsqueeze(1))
     x.masked_fill_(x < thresh, neg_inf)
 
 
-def _logprobs(raw: torch.Tensor, token_ids: list[int], params: list[SamplingParams]) -> list[SampleLogprobs | None]:
+def _top_p_thresholds(
+    x: torch.Tensor, k_thresh: torch.Tensor, k_on: torch.Tensor, p: torch.Tensor, cand: int
+) -> torch.Tensor:
+    """Per row, the logit of the last token of the nucleus: the smallest set of likeliest tokens
+    whose mass reaches p (a token stays iff the mass strictly likelier than it is < p, so the
+    likeliest always stays), under the distribution renormalized after top-k.
+
+    Sorting the whole vocab is slow on CPU (~15x a small topk) and a nucleus is usually a few dozen
+    tokens, so this looks at the `cand` likeliest tokens first: tokens past them have at least the
+    candidates' whole mass before them, so once that reaches p they are all dropped, exactly as a
+    full sort drops them. Rows with a wider nucleus (flat distributions) go to _top_p_histogram.
+    """
+    top = x.topk(cand, dim=-1).values  # sorted, likeliest first
+    cut = top.masked_fill(top < k_thresh, float("-inf"))
+    # A top-k row's kept tokens are all candidates (cand >= k), so it normalizes over them.
+    lse_k = torch.logsumexp(cut, dim=-1, keepdim=True)
+    lse = lse_k if bool(k_on.all()) else torch.where(k_on, lse_k, torch.logsumexp(x, dim=-1, keepdim=True))
+    probs = (cut - lse).exp()
+    mass = probs.cumsum(dim=-1)
+    n_keep = ((mass - probs) < p).sum(dim=-1, keepdim=True).clamp_(1, cand)
+    out = top.gather(1, n_keep - 1)
+    if cand < x.shape[1]:
+        short = (mass[:, -1] < p[:, 0]).nonzero().squeeze(1)
+        if short.numel() == x.shape[0]:
+            out = _top_p_histogram(x, k_thresh, p)
+        elif short.numel():
+            out[short] = _top_p_histogram(x[short], k_thresh[short], p[short])
+    return out
+
+
+# Histogram buckets of log-probability below the row max, 1/64 nat wide; anything lower than 32
+# nats below the max (relative prob < 1e-14) shares the last bucket.
+_BUCKETS, _BUCKET_RANGE = 2048, 32.0
+
+
+def _top_p_histogram(x: torch.Tensor, k_thresh: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """_top_p_thresholds for wide nuclei without a full sort: bucket the probability mass by
+    log-probability, find the bucket where the running mass crosses p, and sort only that bucket's
+    tokens (every token in a bucket above it is kept, every token in one below it dropped)."""
+    neg_inf = float("-inf")
+    if bool(k_thresh.isfinite().any()):
+        x = x.masked_fill(x < k_thresh, neg_inf)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    probs = (x - lse).exp()
+    bucket = (x.amax(dim=-1, keepdim=True) - x).mul_(_BUCKETS / _BUCKET_RANGE).clamp_(max=_BUCKETS - 1).long()
+    mass = torch.zeros(x.shape[0], _BUCKETS, device=x.device).scatter_add_(1, bucket, probs)
+    running = mass.cumsum(dim=-1)
+    crossing = (running < p).sum(dim=-1, keepdim=True).clamp_(max=_BUCKETS - 1)
+    mass_before_bucket = (running - mass).gather(1, crossing)
+    in_bucket = bucket == crossing
+    # At least one column: a row whose mass never reaches p (rounding, p ~ 1) gets -inf: keep all.
+    width = max(1, int(in_bucket.sum(dim=-1).max()))
+    vals = x.masked_fill(~in_bucket, neg_inf).topk(width, dim=-1).values
+    pv = (vals - lse).exp()
+    n_keep = ((mass_before_bucket + pv.cumsum(dim=-1) - pv) < p).sum(dim=-1, keepdim=True)
+    return vals.gather(1, n_keep.clamp_(1, vals.shape[1]) - 1)
+
+
+def _logprobs(
+    raw: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
+) -> list[SampleLogprobs | None]:
     out: list[SampleLogprobs | None] = [None] * len(params)
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
@@ -285,5 +358,5 @@ def _logprobs(raw: torch.Tensor, token_ids: list[int], params: list[SamplingPara
         top_vals, top_ids = top.values.tolist(), top.indices.tolist()
     for j, r in enumerate(rows):
         kr = params[r].logprobs or 0
-        out[r] = SampleLogprobs(token_ids[r], chosen[j], list(zip(top_ids[j][:kr], top_vals[j][:kr])))
+        out[r] = SampleLogprobs(chosen[j], list(zip(top_ids[j][:kr], top_vals[j][:kr])))
     return out

@@ -87,6 +87,7 @@ class Scheduler:
         # arrival (add) order. running: sorted by _rank, so the victim is always running[-1].
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.num_preemptions = 0  # since start, for stats
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -149,6 +150,7 @@ class Scheduler:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self._requeue_front(seq)
 
     # ---- one step ------------------------------------------------------------------------------

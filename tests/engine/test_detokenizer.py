@@ -33,7 +33,9 @@ def tok() -> Tokenizer:
     return t
 
 
-def stream(tok: Tokenizer, text: str, params: SamplingParams, prompt: str = "Q: ") -> tuple[list[str], IncrementalDetokenizer]:
+def stream(
+    tok: Tokenizer, text: str, params: SamplingParams, prompt: str = "Q: "
+) -> tuple[list[str], IncrementalDetokenizer]:
     det = IncrementalDetokenizer(tok, tok.encode(prompt).ids, params)
     deltas = []
     for i in tok.encode(text).ids:
@@ -180,3 +182,53 @@ def test_stop_found_in_flushed_text():
     det2 = IncrementalDetokenizer(ByteTok(), [], SamplingParams())
     assert "".join(det2.add(b) for b in "né\xff".encode()[:-1]) == "né"
     assert det2.flush() == "\ufffd"
+
+
+class ChunkTok:
+    """Tokens are arbitrary byte chunks of UTF-8 text, so characters split anywhere."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def encode(self, text: str, rng) -> list[int]:
+        data, ids, i = text.encode(), [], 0
+        while i < len(data):
+            n = rng.randint(1, 4)
+            self.chunks.append(data[i : i + n])
+            ids.append(len(self.chunks) - 1)
+            i += n
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.chunks[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def reference_stop(text: str, stops: list[str], include: bool) -> tuple[str, str | None]:
+    best = min(((p + len(s), -p, s) for s in stops if (p := text.find(s)) >= 0), default=None)
+    if best is None:
+        return text, None
+    end, neg_start, stop = best
+    return text[: end if include else -neg_start], stop
+
+
+def test_streaming_matches_whole_text_reference():
+    import random
+
+    rng = random.Random(0)
+    alphabet = ["a", "b", "c", " ", "é", "😀", "日"]
+    tok = ChunkTok()
+    for case in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(0, 3))]
+        include = rng.random() < 0.3
+        expected, reason = reference_stop(text, stops, include)
+        det = IncrementalDetokenizer(tok, [], SamplingParams(stop=stops, include_stop_str_in_output=include))
+        out = ""
+        for i in tok.encode(text, rng):
+            out += det.add(i)
+            assert expected.startswith(out), (case, text, stops)  # nothing ever leaks
+            if det.finished_by_stop:
+                break
+        out += det.flush()
+        assert (out, det.stop_reason) == (expected, reason), (case, text, stops)
+        assert det.text == out

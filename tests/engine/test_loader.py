@@ -22,116 +22,34 @@ from mainspring.engine.loader import (
     load_model_config,
     resolve_model_path,
 )
-
-Q = gguf.GGMLQuantizationType
-
-
-def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """What llama.cpp's convert_hf_to_gguf does to q/k rows (the transform we must undo)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-# ---------------------------------------------------------------------------------------------
-# fixtures: the embedded model, converted once per session into a pytest temp cache
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.getbasetemp() / "mainspring-cache"  # shared with test_tokenizer.py
-
-
-@pytest.fixture(scope="module")
-def smol(cache_dir: Path) -> loader.LoadedModel:
-    return load_model(EMBEDDED_MODEL, cache_dir)
-
-
-@pytest.fixture(scope="module")
-def oracle_model():
-    transformers = pytest.importorskip("transformers")
-    path = resolve_model_path(EMBEDDED_MODEL)
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-
+from tests.engine.tiny_gguf import (
+    TOKENS,
+    Q,
+    llamacpp_permute,
+    tiny_weights,
+    transformers_gguf,
+    write_tiny_gguf,
+)
 
 # ---------------------------------------------------------------------------------------------
-# tiny synthetic GGUF files (fast, and cover qwen2 / biases / quant types / errors)
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BYTE_CHARS = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + [chr(c) for c in range(174, 256)]
-BYTE_CHARS += [chr(256 + i) for i in range(256 - len(BYTE_CHARS))]
-TOKENS = SPECIALS + BYTE_CHARS + ["he", "ll", "Ġw"]
-MERGES = ["h e", "l l", "Ġ w"]
-DIMS = dict(hidden=64, heads=4, kv=2, head_dim=16, inter=96, layers=2)
+# fixtures: the embedded model (converted once per session by tests/conftest.py)
 
 
-def tiny_weights(arch: str, seed: int = 0, tied: bool = True) -> dict[str, np.ndarray]:
-    """HF-named fp32 weights of a tiny llama/qwen2."""
-    rng = np.random.default_rng(seed)
-    h, q, kv, f = DIMS["hidden"], DIMS["heads"] * DIMS["head_dim"], DIMS["kv"] * DIMS["head_dim"], DIMS["inter"]
-    w = {"model.embed_tokens.weight": (len(TOKENS), h), "model.norm.weight": (h,)}
-    if not tied:
-        w["lm_head.weight"] = (len(TOKENS), h)
-    for i in range(DIMS["layers"]):
-        p = f"model.layers.{i}."
-        w |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-              p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-              p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-              p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)}
-        if arch == "qwen2":
-            w |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
-    return {k: rng.standard_normal(s).astype(np.float32) for k, s in w.items()}
+@pytest.fixture(scope="module")
+def cache_dir() -> Path:
+    from mainspring.config import Settings
+
+    return Settings().cache_dir  # tests/conftest.py points it at the checkout's .mainspring-test
 
 
-GGUF_NAMES = {v: k for k, v in gguf_convert._GLOBAL_NAMES.items()}
+@pytest.fixture(scope="module")
+def smol(embedded: loader.LoadedModel) -> loader.LoadedModel:
+    return embedded  # conftest's session fixture: one conversion and one 0.5 GB copy per session
 
 
-def to_gguf_name(hf: str) -> str:
-    if hf in GGUF_NAMES:
-        return GGUF_NAMES[hf]
-    _, _, i, *rest = hf.split(".")
-    mod, kind = ".".join(rest[:-1]), rest[-1]
-    short = {v: k for k, v in gguf_convert._LAYER_NAMES.items()}[mod]
-    return f"blk.{i}.{short}.{kind}"
-
-
-def write_tiny_gguf(path: Path, arch: str, weights: dict[str, np.ndarray], quant: dict[str, Q] | None = None,
-                    extra_tensors: dict[str, np.ndarray] | None = None, **meta) -> Path:
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(meta.get("name", "tiny"))
-    w.add_block_count(DIMS["layers"])
-    w.add_context_length(256)
-    w.add_embedding_length(DIMS["hidden"])
-    w.add_feed_forward_length(DIMS["inter"])
-    w.add_head_count(DIMS["heads"])
-    w.add_head_count_kv(DIMS["kv"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(meta.get("rope_theta", 10000.0))
-    if arch == "llama":
-        w.add_rope_dimension_count(DIMS["head_dim"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(meta.get("pre", "default"))
-    w.add_token_list(TOKENS)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(TOKENS) - len(SPECIALS)))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}")
-    for hf, arr in weights.items():
-        if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
-            arr = llamacpp_permute(arr, DIMS["heads"] if ".q_proj." in hf else DIMS["kv"])
-        qt = (quant or {}).get(hf)
-        if qt is None:
-            w.add_tensor(to_gguf_name(hf), np.ascontiguousarray(arr))
-        else:
-            w.add_tensor(to_gguf_name(hf), gguf.quants.quantize(np.ascontiguousarray(arr), qt), raw_dtype=qt)
-    for name, arr in (extra_tensors or {}).items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+@pytest.fixture(scope="module")
+def oracle() -> tuple[object, dict[str, torch.Tensor]]:
+    return transformers_gguf(resolve_model_path(EMBEDDED_MODEL))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,16 +93,47 @@ def test_tiny_gguf_roundtrip(arch: str, tmp_path: Path) -> None:
     assert tok.encode_chat([{"role": "user", "content": "he"}]) == [1, TOKENS.index("he"), 2]
 
 
+@pytest.mark.slow  # importing transformers' model classes takes 3-5 s
 def test_tiny_gguf_matches_transformers(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     for arch in ("llama", "qwen2"):
         ref = tiny_weights(arch, seed=3, tied=False)
         src = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch, ref, {"model.layers.0.mlp.gate_proj.weight": Q.Q4_1})
-        ours = load_model(src, tmp_path / "cache").state_dict
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=src.name).state_dict()
-        assert set(ours) == set(theirs)
-        for k, v in ours.items():
-            assert torch.equal(v, theirs[k].float()), (arch, k)
+        m = load_model(src, tmp_path / "cache")
+        _, theirs = transformers_gguf(src)
+        assert set(m.state_dict) == set(theirs)
+        for k, v in m.state_dict.items():
+            assert torch.equal(v, theirs[k]), (arch, k)
+        # The cached folder is a valid HF checkpoint for transformers as well.
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(m.path)).state_dict()
+        assert type(transformers.AutoConfig.from_pretrained(str(m.path))).__name__.lower().startswith(arch)
+        for k, v in m.state_dict.items():
+            assert torch.equal(v, hf[k]), (arch, k)
+
+
+def test_gguf_tokenizer_options(tmp_path: Path) -> None:
+    w = tiny_weights("llama")
+    src = write_tiny_gguf(tmp_path / "bos.gguf", "llama", w, pre="llama-bpe", add_bos=True)
+    out = convert_gguf(src, tmp_path / "bos")
+    tj = json.loads((out / "tokenizer.json").read_text())
+    assert [p["type"] for p in tj["pre_tokenizer"]["pretokenizers"]] == ["Split", "ByteLevel"]
+    tok = load_model(src, tmp_path / "cache").tokenizer
+    assert tok.encode("he", add_special_tokens=True) == [1, TOKENS.index("he")]
+    assert tok.encode("he") == [TOKENS.index("he")]
+    src = write_tiny_gguf(tmp_path / "smol.gguf", "llama", w, pre="smollm")
+    tj = json.loads((convert_gguf(src, tmp_path / "smol") / "tokenizer.json").read_text())
+    assert [p["type"] for p in tj["pre_tokenizer"]["pretokenizers"]] == ["Digits", "ByteLevel"]
+    assert all(oct(p.stat().st_mode)[-3:] == "644" for p in (tmp_path / "smol").iterdir())
+
+
+def test_stale_temp_dirs_removed(tmp_path: Path) -> None:
+    src = write_tiny_gguf(tmp_path / "t.gguf", "llama", tiny_weights("llama"))
+    out = cached_conversion_dir(src, tmp_path / "cache")
+    stale = out.parent / f".tmp-{out.name}-dead"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    load_model(src, tmp_path / "cache")
+    assert not stale.exists() and (out / "model.safetensors").stat().st_size > 1000
 
 
 def test_gguf_errors(tmp_path: Path) -> None:
@@ -249,6 +198,7 @@ def test_resolve_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         resolve_model_path("smollm2")
 
 
+@pytest.mark.slow  # parses the 49k-token metadata twice
 def test_truncated_gguf(tmp_path: Path) -> None:
     src = resolve_model_path(EMBEDDED_MODEL)
     for size in (1 << 20, 50 << 20):
@@ -277,9 +227,16 @@ def _hf_folder(tmp_path: Path, arch: str, tok_src: Path) -> tuple[Path, dict[str
     return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.fixture(scope="module")
+def tiny_tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A converted tiny GGUF: a cheap source of tokenizer files for hand-built HF folders."""
+    d = tmp_path_factory.mktemp("tinytok")
+    return convert_gguf(write_tiny_gguf(d / "t.gguf", "llama", tiny_weights("llama")), d / "hf")
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_hf_folder(arch: str, tmp_path: Path, smol: loader.LoadedModel) -> None:
-    folder, ref = _hf_folder(tmp_path, arch, smol.path)
+def test_hf_folder(arch: str, tmp_path: Path, tiny_tok_dir: Path) -> None:
+    folder, ref = _hf_folder(tmp_path, arch, tiny_tok_dir)
     m = load_model(folder, tmp_path / "cache")
     assert m.path == folder.resolve() and m.name == folder.name
     c = m.config
@@ -296,8 +253,8 @@ def test_hf_folder(arch: str, tmp_path: Path, smol: loader.LoadedModel) -> None:
     assert not (tmp_path / "cache").exists()  # HF folders are used in place
 
 
-def test_hf_folder_errors(tmp_path: Path, smol: loader.LoadedModel) -> None:
-    folder, _ = _hf_folder(tmp_path, "llama", smol.path)
+def test_hf_folder_errors(tmp_path: Path, tiny_tok_dir: Path) -> None:
+    folder, _ = _hf_folder(tmp_path, "llama", tiny_tok_dir)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_neox"}))
     with pytest.raises(UnsupportedModelError, match="gpt_neox"):
@@ -337,6 +294,7 @@ def test_model_config_variants(tmp_path: Path) -> None:
 # the embedded model against transformers' GGUF loader
 
 
+@pytest.mark.slow
 def test_embedded_model_loaded(smol: loader.LoadedModel, cache_dir: Path) -> None:
     assert smol.name == "SmolLM2-135M-Instruct"
     assert smol.path.parent == cache_dir / "models"
@@ -347,6 +305,7 @@ def test_embedded_model_loaded(smol: loader.LoadedModel, cache_dir: Path) -> Non
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["torch_dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_cached_reload_does_not_reconvert(smol: loader.LoadedModel, cache_dir: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     weights = smol.path / "model.safetensors"
@@ -361,28 +320,30 @@ def test_cached_reload_does_not_reconvert(smol: loader.LoadedModel, cache_dir: P
     assert (smol.path.stat().st_mtime_ns, weights.stat().st_mtime_ns, weights.stat().st_ino) == before
     assert torch.equal(again.state_dict["model.layers.7.self_attn.k_proj.weight"],
                        smol.state_dict["model.layers.7.self_attn.k_proj.weight"])
-    # A changed file (new mtime) maps to a new cache entry.
-    src = resolve_model_path("smollm2")
+
+
+def test_cache_key_follows_file_changes(tmp_path: Path) -> None:
+    src = write_tiny_gguf(tmp_path / "t.gguf", "llama", tiny_weights("llama"))
+    first = load_model(src, tmp_path / "cache").path
+    assert cached_conversion_dir(src, tmp_path / "cache") == first
     st = src.stat()
-    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    try:
-        assert cached_conversion_dir(src, cache_dir) != smol.path
-    finally:
-        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert cached_conversion_dir(src, cache_dir) == smol.path
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    second = load_model(src, tmp_path / "cache").path
+    assert second != first and first.is_dir() and second.is_dir()
+    assert second.name.startswith("t-") and second.parent == first.parent
 
 
 @pytest.mark.slow
-def test_embedded_matches_transformers(smol: loader.LoadedModel, oracle_model) -> None:
-    theirs = oracle_model.state_dict()
-    assert set(smol.state_dict) | {"lm_head.weight"} == set(theirs)
+def test_embedded_matches_transformers(smol: loader.LoadedModel, oracle) -> None:
+    hf, theirs = oracle
+    assert set(smol.state_dict) == set(theirs)  # tied: neither has lm_head.weight
     for k, v in smol.state_dict.items():
         assert torch.equal(v, theirs[k]), k
-    assert torch.equal(theirs["lm_head.weight"], smol.state_dict["model.embed_tokens.weight"])
-    hf, ours = oracle_model.config, smol.config
+    ours = smol.config
     for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings", "bos_token_id"):
         assert getattr(ours, f) == getattr(hf, f), f
     assert ours.rms_norm_eps == pytest.approx(hf.rms_norm_eps, rel=1e-6)
     assert ours.rope_theta == pytest.approx(hf.rope_parameters["rope_theta"])
+    assert ours.rope_scaling is None and hf.rope_parameters["rope_type"] == "default"
     assert ours.eos_token_ids == (hf.eos_token_id,)

@@ -15,7 +15,7 @@ EOS = 0
 
 
 def seq(params: SamplingParams, prompt: list[int] | None = None, output: list[int] | None = None) -> Sequence:
-    s = Sequence("req", list(prompt if prompt is not None else [5, 6, 7]), params)
+    s = Sequence("req", [5, 6, 7] if prompt is None else list(prompt), params)
     s.token_ids += list(output or [])
     return s
 
@@ -173,6 +173,28 @@ def test_filters_match_full_sort_reference():
         assert torch.equal(y[i][expected], x[i][expected])  # kept logits unchanged
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_filters_match_reference_randomized(seed: int):
+    # Mixed scales: peaked rows (nucleus within the first candidates) and flat ones (histogram path).
+    g = torch.Generator().manual_seed(100 + seed)
+    rows, vocab = 12, 2000
+    scales = torch.tensor([0.02, 0.1, 0.3, 1.0, 3.0, 10.0]).repeat(2)[:rows].unsqueeze(1)
+    x = torch.randn(rows, vocab, generator=g, dtype=torch.float64).float() * scales
+    choice = torch.randint(0, 4, (rows, 3), generator=g).tolist()
+    params = [
+        SamplingParams(
+            top_k=[0, 3, 40, 700][a],
+            top_p=[1.0, 0.3, 0.8, 0.97][b],
+            min_p=[0.0, 0.0, 0.05, 0.5][c],
+        )
+        for a, b, c in choice
+    ]
+    y = x.clone()
+    _apply_filters(y, params)
+    for i, p in enumerate(params):
+        assert torch.equal(y[i] > float("-inf"), reference_keep(x[i], p)), f"row {i}: {p}"
+
+
 def test_filtered_tokens_never_sampled_in_big_vocab():
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(1, 5000, generator=g)
@@ -216,6 +238,17 @@ def test_penalties_per_row_and_combined():
     exp[1, 5] += 1.0
     exp[2, 7] -= 1.0
     torch.testing.assert_close(out, exp)
+
+
+def test_repetition_prompt_cache_across_steps_and_free():
+    sampler = Sampler()
+    s = seq(SamplingParams(repetition_penalty=2.0), prompt=[0, 0, 1])
+    logits = torch.full((1, 5), 4.0)
+    assert sampler.apply_penalties(logits, [s]).tolist() == [[2.0, 2.0, 4.0, 4.0, 4.0]]
+    s.append_token(3)
+    assert sampler.apply_penalties(logits, [s]).tolist() == [[2.0, 2.0, 4.0, 2.0, 4.0]]
+    sampler.free(s.seq_id)
+    assert not sampler._prompt_ids and not sampler._generators
 
 
 def test_penalty_changes_greedy_choice():
@@ -301,7 +334,7 @@ def test_logprobs_from_raw_logits_with_sorted_top():
     out = Sampler()(logits, seqs)
     raw = torch.log_softmax(logits, -1)
     lp0 = out.logprobs[0]
-    assert lp0 is not None and lp0.token_id == out.token_ids[0]
+    assert lp0 is not None
     assert lp0.logprob == pytest.approx(raw[0, out.token_ids[0]].item(), abs=1e-5)
     assert len(lp0.top) == 5
     top_vals, top_ids = raw[0].topk(5)
@@ -310,6 +343,8 @@ def test_logprobs_from_raw_logits_with_sorted_top():
     assert all(a[1] >= b[1] for a, b in zip(lp0.top, lp0.top[1:]))
     assert out.logprobs[1] is None
     lp2 = out.logprobs[2]
-    assert lp2 is not None and lp2.top == [] and lp2.token_id == raw[2].argmax().item()
+    assert lp2 is not None and lp2.top == [] and out.token_ids[2] == raw[2].argmax().item()
+    chosen, top = lp2  # unpacks as the engine does
+    assert chosen == lp2.logprob and top == []
     assert lp2.logprob == pytest.approx(raw[2].max().item(), abs=1e-5)
     assert all(math.isfinite(v) for _, v in lp0.top)

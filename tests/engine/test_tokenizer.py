@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from mainspring.engine.errors import InvalidRequestError, ModelLoadError
-from mainspring.engine.loader import EMBEDDED_MODEL, ensure_hf_dir, resolve_model_path
+from mainspring.engine.loader import EMBEDDED_MODEL, resolve_model_path
 from mainspring.engine.tokenizer import CHATML_TEMPLATE, Tokenizer
 
 SAMPLES = [
@@ -46,10 +46,8 @@ CONVO = [
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Shared basetemp path: whichever test module runs first converts, the other reuses the cache.
-    cache = tmp_path_factory.getbasetemp() / "mainspring-cache"
-    return ensure_hf_dir(resolve_model_path(EMBEDDED_MODEL), cache)
+def hf_dir(embedded) -> Path:
+    return embedded.path  # the converted folder of conftest's session-wide embedded model
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +62,7 @@ def oracle():
     return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
+@pytest.mark.slow  # needs the embedded model (5-10 s to convert on a fresh checkout)
 def test_special_tokens(tok: Tokenizer) -> None:
     assert tok.vocab_size == 49152
     assert tok.bos_token == "<|im_start|>" and tok.bos_token_id == 1
@@ -75,11 +74,13 @@ def test_special_tokens(tok: Tokenizer) -> None:
     assert tok.id_to_token(10**9) == ""
 
 
+@pytest.mark.slow
 def test_digits_split_individually(tok: Tokenizer) -> None:
     ids = tok.encode("x 2024")
     assert [tok.token_text(i) for i in ids] == ["x", " ", "2", "0", "2", "4"]
 
 
+@pytest.mark.slow
 def test_roundtrip_and_token_text(tok: Tokenizer) -> None:
     for s in SAMPLES:
         ids = tok.encode(s)
@@ -109,18 +110,24 @@ def test_chat_template_matches_transformers(tok: Tokenizer, oracle, messages) ->
     assert ids[0] == 1 and ids.count(2) == len(messages) + (messages[0]["role"] != "system")
 
 
+@pytest.mark.slow
 def test_chat_template_default_system_and_no_prompt(tok: Tokenizer) -> None:
     text = tok.apply_chat_template(CONVO[1:2], add_generation_prompt=False)
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nHi there<|im_end|>\n")
 
 
-def _tiny_tokenizer(template: str | None) -> Tokenizer:
-    vocab = {c: i for i, c in enumerate(["<s>", "</s>", *"abcdefghijklmnopqrstuvwxyz "])}
+def _tiny_hf() -> HFTokenizer:
+    vocab = {c: i for i, c in enumerate(["<s>", "</s>", "<pad>", *"abcdefghijklmnopqrstuvwxyz "])}
     tk = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.Split(" ", behavior="isolated")
-    tk.add_special_tokens(["<s>", "</s>"])
-    return Tokenizer(tk, bos_token="<s>", eos_token="</s>", chat_template=template)
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(["<s>", "</s>", "<pad>"])
+    return tk
+
+
+def _tiny_tokenizer(template: str | None) -> Tokenizer:
+    return Tokenizer(_tiny_hf(), bos_token="<s>", eos_token="</s>", chat_template=template)
 
 
 def test_template_helpers_and_errors() -> None:
@@ -152,18 +159,19 @@ def test_chatml_fallback() -> None:
     assert t.chat_template is None and CHATML_TEMPLATE
 
 
-def test_from_dir_variants(hf_dir: Path, tmp_path: Path) -> None:
+def test_from_dir_variants(tmp_path: Path) -> None:
     d = tmp_path / "tok"
     d.mkdir()
-    (d / "tokenizer.json").write_bytes((hf_dir / "tokenizer.json").read_bytes())
-    cfg = {"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|im_end|>",
+    _tiny_hf().save(str(d / "tokenizer.json"))
+    cfg = {"bos_token": {"content": "<s>"}, "eos_token": "</s>", "pad_token": "<pad>",
            "chat_template": [{"name": "default", "template": "A{{ messages[0].content }}"}]}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 2]}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 1]}))
     t = Tokenizer.from_dir(d, extra_eos_token_ids=[5])
-    assert t.bos_token_id == 1
-    assert t.eos_token_ids == [5, 0, 2]
-    assert {0, 2, 5} <= t.special_token_ids
+    assert t.bos_token_id == 0 and t.pad_token_id == 2
+    assert t.eos_token_ids == [5, 2, 1]
+    assert {0, 1, 2, 5} <= t.special_token_ids
+    assert t.encode("ab</s>") == [3, 4, 1] and t.decode([3, 4, 1]) == "ab"
     assert t.apply_chat_template([{"role": "user", "content": "x"}]) == "Ax"
     (d / "chat_template.jinja").write_text("J{{ messages | length }}")
     assert Tokenizer.from_dir(d).apply_chat_template([{"role": "user", "content": "x"}]) == "J1"
