@@ -84,8 +84,19 @@ def run_transformers(prompts, max_new, threads, model_dir):
 
 
 def run_llamacpp(prompts, max_new, threads, gguf_path):
+    import llama_cpp.llama_cpp as lib
     from llama_cpp import Llama
 
+    # ggml's AMX kernels raise SIGILL where the CPU lists AMX but the VM has not enabled its
+    # tile state (this machine); extra buffer types are how ggml picks them, so turn them off.
+    defaults = lib.llama_model_default_params
+
+    def no_extra_bufts():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = no_extra_bufts
     llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)
     bias = {llm.token_eos(): -1e9}

@@ -25,6 +25,18 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
+@app.callback()
+def _check_settings() -> None:
+    """Fail early, without a traceback, on a malformed MAINSPRING_* variable."""
+    from pydantic import ValidationError
+
+    try:
+        get_settings()
+    except ValidationError as exc:
+        problems = "; ".join(f"MAINSPRING_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        _fail(f"bad setting: {problems}")
+
+
 def _engine():
     from mainspring.engine.engine import LLMEngine
 

@@ -46,9 +46,7 @@ class LLMEngine:
         self.name = loaded.name
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
-        model = CausalLM(loaded.config)
-        model.load_weights(loaded.state_dict)
-        self.model = model.eval().requires_grad_(False)
+        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         bs = self.config.block_size

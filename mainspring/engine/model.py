@@ -21,7 +21,8 @@ class Attention(nn.Module):
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        # Llama's attention_bias also covers o_proj; Qwen2 biases q/k/v only
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias and cfg.architecture != "qwen2")
         self.scale = self.d**-0.5
 
     def forward(self, x, positions, rope: RotaryEmbedding, kv: tuple[torch.Tensor, torch.Tensor], meta):
@@ -78,9 +79,19 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> "CausalLM":
+        """Build without random init (meta device) and adopt the tensors: no weight is copied
+        except the fused q/k/v and gate/up, so the model costs little beyond the state dict."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        model.load_weights(state_dict)
+        return model.eval().requires_grad_(False)
+
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load Hugging Face-named tensors, fusing q/k/v and gate/up."""
+        """Adopt Hugging Face-named tensors (shared, not copied), fusing q/k/v and gate/up."""
         sd = dict(state_dict)
         fused = {}
         for i in range(self.config.num_hidden_layers):
@@ -90,7 +101,7 @@ class CausalLM(nn.Module):
             if self.config.attention_bias:
                 fused[f"layers.{i}.self_attn.qkv_proj.bias"] = [a + n + ".bias" for n in ("q_proj", "k_proj", "v_proj")]
             fused[f"layers.{i}.mlp.gate_up_proj.weight"] = [m + "gate_proj.weight", m + "up_proj.weight"]
-        params = dict(self.named_parameters())
+        params = dict(self.named_parameters(remove_duplicate=False))
         for name, param in params.items():
             if name in fused:
                 parts = [_take(sd, n) for n in fused[name]]
@@ -101,7 +112,10 @@ class CausalLM(nn.Module):
                 value = _take(sd, "model." + name if name != "lm_head.weight" else name)
             if value.shape != param.shape:
                 raise ModelLoadError(f"tensor {name}: shape {tuple(value.shape)} != expected {tuple(param.shape)}")
-            param.copy_(value)
+            module, _, leaf = name.rpartition(".")
+            setattr(self.get_submodule(module), leaf, nn.Parameter(value.float().contiguous(), requires_grad=False))
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
 
 def _take(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:

@@ -35,7 +35,7 @@ def ours_from(hf) -> CausalLM:
         head_dim=c.hidden_size // c.num_attention_heads, max_position_embeddings=c.max_position_embeddings,
         rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_parameters["rope_theta"] if hasattr(c, "rope_parameters") and c.rope_parameters else c.rope_theta,
         rope_scaling=getattr(c, "rope_scaling", None), tie_word_embeddings=c.tie_word_embeddings,
-        attention_bias=c.model_type == "qwen2",
+        attention_bias=c.model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
     )
     model = CausalLM(cfg).eval()
     model.load_weights(hf.state_dict())
@@ -56,9 +56,14 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_full_prefill_matches_transformers(arch):
-    hf = tiny_hf(arch)
+@pytest.mark.parametrize("arch,extra", [("llama", {}), ("qwen2", {}), ("llama", {"attention_bias": True})])
+def test_full_prefill_matches_transformers(arch, extra):
+    hf = tiny_hf(arch, **extra)
+    if extra:  # random init leaves biases at zero; make them matter
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_()
     ours = ours_from(hf)
     ids = torch.randint(0, 97, (23,)).tolist()
     table = list(range(6))

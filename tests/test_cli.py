@@ -1,0 +1,70 @@
+"""The `mainspring` CLI as a user runs it: a real process, the embedded model, exit codes."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run(*args: str, env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mainspring", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, input=input, timeout=300)
+
+
+def test_chat_answers_a_question(embedded):
+    proc = run("chat", "-m", "What is the capital of France?", "-n", "24")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+
+
+def test_chat_reads_turns_from_stdin(embedded):
+    proc = run("chat", "-n", "16", input="What is the capital of France?\nAnd of Italy?\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout and "Rome" in proc.stdout
+
+
+def test_generate_streams_text(embedded):
+    proc = run("generate", "The capital of France is", "-n", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip()) > 0
+
+
+def test_bad_input_exits_2_with_a_message(embedded):
+    proc = run("generate", "hi", "--top-p", "2")
+    assert proc.returncode == 2 and "top_p" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("generate", "hi", env={"MAINSPRING_MODEL": "/nonexistent/model.gguf"})
+    assert proc.returncode == 2 and "/nonexistent/model.gguf" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_up_serves_health_then_down(embedded, tmp_path):
+    port = free_port()
+    env = {"MAINSPRING_PORT": str(port)}
+    proc = run("up", env=env)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert f"http://127.0.0.1:{port}" in proc.stdout
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+        assert health["status"] == "ok" and health["model"] == "SmolLM2-135M-Instruct"
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        again = run("up", env=env)  # idempotent: finds the running server
+        assert again.returncode == 0 and "running" in again.stdout
+    finally:
+        down = run("down", env=env)
+    assert down.returncode == 0
+
+
+def test_malformed_setting_exits_2():
+    proc = run("generate", "hi", env={"MAINSPRING_PORT": "abc"})
+    assert proc.returncode == 2 and "MAINSPRING_PORT" in proc.stderr and "Traceback" not in proc.stderr
