@@ -26,7 +26,7 @@ class Settings(BaseSettings):
 
     block_size: int = Field(16, ge=1, description="tokens per KV-cache block")
     kv_cache_mb: int = Field(1024, ge=1, description="memory for the paged KV cache")
-    max_num_batched_tokens: int = Field(1024, ge=16, description="token budget of one engine step")
+    max_num_batched_tokens: int = Field(2048, ge=16, description="token budget of one engine step")
     max_num_seqs: int = Field(64, ge=1, description="most requests running at once")
     max_model_len: int = Field(0, ge=0, description="context limit; 0 = the model's own")
     enable_prefix_caching: bool = True

@@ -41,7 +41,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int = 0  # 0 = derive from kv_cache_mb
     kv_cache_mb: int = 1024
-    max_num_batched_tokens: int = 1024
+    max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     enable_prefix_caching: bool = True
