@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
@@ -56,22 +55,23 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.runner = ModelRunner(self.model, num_blocks, bs)
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d",
+                 self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides) -> "LLMEngine":
         s = settings or get_settings()
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         config = EngineConfig(
             block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
             max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
         )
         for k, v in overrides.items():
+            if not hasattr(config, k):
+                raise TypeError(f"unknown engine option {k!r}")
             setattr(config, k, v)
-        if config.threads:
-            torch.set_num_threads(config.threads)
         return cls(load_model(s.model, s.cache_dir), config)
 
     # -- requests ---------------------------------------------------------------------------
