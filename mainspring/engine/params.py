@@ -30,6 +30,16 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     seed: int | None = None
     logprobs: int | None = None  # None = off; k = chosen token + k top alternatives
+    # Constrained decoding (at most one): output must match a JSON schema, be any JSON object,
+    # match a regex, or a Lark grammar. Enforced by masking logits every step (engine/grammar.py).
+    guided_json: dict | None = None
+    guided_json_object: bool = False
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+
+    @property
+    def guided(self) -> bool:
+        return bool(self.guided_json is not None or self.guided_json_object or self.guided_regex or self.guided_grammar)
 
     def __post_init__(self) -> None:
         # None means "no stop strings" for clients that send null; a bare string is one stop string.
