@@ -144,10 +144,15 @@ def main() -> None:
     ap.add_argument("--workloads", default="a,b,c")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    ap.add_argument("--update-readme", action="store_true",
+                    help="write the table from --out (without running) into README.md between the bench markers")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads)), flush=True)
+        return
+    if args.update_readme:
+        update_readme(json.loads(Path(args.out).read_text()))
         return
     engines = [e for e in args.engines.split(",") if e]
     results = []
@@ -172,6 +177,15 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(markdown(report))
+
+
+def update_readme(report: dict) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- bench:engine -->", "<!-- /bench:engine -->"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    readme.write_text(f"{head}{start}\n{markdown(report)}\n{end}{tail}")
 
 
 def markdown(report: dict) -> str:
