@@ -199,5 +199,14 @@ def down() -> None:
     path.unlink(missing_ok=True)
 
 
+def _register_subcommands() -> None:
+    from mainspring.billing.cli import keys_app, usage
+
+    app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
+    app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
+
+
+_register_subcommands()
+
 if __name__ == "__main__":
     app()

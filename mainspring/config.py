@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     max_model_len: int = Field(0, ge=0, description="context limit; 0 = the model's own")
     enable_prefix_caching: bool = True
 
+    database_url: str = Field("", description="SQLAlchemy URL; empty = sqlite:///<data_dir>/mainspring.db")
+    prices_file: str = Field("", description="price sheet YAML; empty = the built-in sheet")
+    require_auth: bool = Field(False, description="API keys required on every request")
+    rpm_limit: int = Field(0, ge=0, description="default requests per minute per key; 0 = unlimited")
+    tpm_limit: int = Field(0, ge=0, description="default tokens per minute per key; 0 = unlimited")
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:
@@ -38,6 +44,9 @@ class Settings(BaseSettings):
 
     def resolved_threads(self) -> int:
         return self.threads or (os.cpu_count() or 1)
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'mainspring.db'}"
 
     @property
     def cache_dir(self) -> Path:

@@ -1,0 +1,207 @@
+"""SQLAlchemy 2.0 models: keys, projects, price sheets, the ledger, budgets, reservations, files, batches.
+
+Money is integer micro-USD (`*_u` columns, 1 USD = 1_000_000) so sums are exact on every backend.
+Times are UTC. The migration in `migrations/versions/` is the schema's source of truth for the
+database; `tests/store/test_db.py` checks these models and the migrations agree.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# Stable constraint names so Alembic can alter them later on every backend.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """Stored naive in UTC, returned aware: SQLite keeps no zone, and mixing naive and aware
+    datetimes in comparisons is an error waiting to happen."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use datetime.now(timezone.utc)")
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # "key_<hex>", safe to show
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    prefix: Mapped[str] = mapped_column(String(96), index=True)  # start of the secret, for display + lookup
+    hashed_secret: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the whole secret
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    rpm_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None = Settings default
+    tpm_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class PriceSheetRow(Base):
+    """Every sheet ever used, by version: ledger rows point here, history is never rewritten."""
+
+    __tablename__ = "price_sheets"
+
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body_json: Mapped[str] = mapped_column(Text)
+    effective_from: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class LedgerEntry(Base):
+    """One priced request (or a reversal of one). Append-only: triggers reject UPDATE and DELETE."""
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    request_id: Mapped[str] = mapped_column(String(128), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True, index=True)
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True, index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    tier: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    batch_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    custom_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+    tokens_input_uncached: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_cache_read: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_cache_write: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_output: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_reasoning: Mapped[int] = mapped_column(BigInteger, default=0)  # part of tokens_output
+
+    cost_input_u: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_cache_read_u: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_cache_write_u: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_output_u: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_total_u: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    price_sheet_version: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(24), default="ok")
+    finish_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # unique: an entry is reversed at most once
+    reverses_entry_id: Mapped[int | None] = mapped_column(ForeignKey("ledger_entries.id"), nullable=True, unique=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Budget(Base):
+    __tablename__ = "budgets"
+    __table_args__ = (UniqueConstraint("scope", "scope_id", "period", name="uq_budgets_scope_period"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16))  # "key" | "project"
+    scope_id: Mapped[str] = mapped_column(String(64))  # api_keys.id, or str(projects.id)
+    period: Mapped[str] = mapped_column(String(16))  # "day" | "month" | "total"
+    hard_limit_u: Mapped[int] = mapped_column(BigInteger)
+    soft_limit_u: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Reservation(Base):
+    """Worst-case money held for a request in flight; counts against the budget until settled or expired."""
+
+    __tablename__ = "reservations"
+    __table_args__ = (
+        UniqueConstraint("request_id", "budget_id", name="uq_reservations_request_budget"),
+        Index("ix_reservations_open", "budget_id", "settled", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128), index=True)
+    budget_id: Mapped[int] = mapped_column(ForeignKey("budgets.id"))
+    reserved_u: Mapped[int] = mapped_column(BigInteger)
+    settled: Mapped[bool] = mapped_column(Boolean, default=False)
+    settled_u: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class FileRow(Base):
+    """An uploaded file (OpenAI Files API). Content lives on disk at `data_dir / path`, not in the
+    database: batch inputs reach 200 MB and would bloat the SQLite file and its WAL."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-<hex>"
+    purpose: Mapped[str] = mapped_column(String(32))  # "batch" | "batch_output" | ...
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    path: Mapped[str] = mapped_column(String(512))  # relative to data_dir, e.g. "files/file-abc"
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class BatchRow(Base):
+    """A batch job (OpenAI Batch API); statuses and timestamps follow OpenAI's Batch object."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "batch_<hex>"
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="validating", index=True)
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    metadata_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    errors_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"), nullable=True)
+    request_counts_total: Mapped[int] = mapped_column(Integer, default=0)
+    request_counts_completed: Mapped[int] = mapped_column(Integer, default=0)
+    request_counts_failed: Mapped[int] = mapped_column(Integer, default=0)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
