@@ -14,6 +14,7 @@ from mainspring.config import Settings, get_settings
 from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.loader import LoadedModel, load_model
 from mainspring.engine.model import CausalLM
@@ -35,6 +36,7 @@ class _Request:
     detok: IncrementalDetokenizer
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None
+    matcher: GrammarMatcher | None = None  # guided decoding; dropped with the request
 
 
 class LLMEngine:
@@ -60,6 +62,13 @@ class LLMEngine:
                  self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
+        self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
+
+    @property
+    def grammar(self) -> GrammarCompiler:
+        if self._grammar is None:
+            self._grammar = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        return self._grammar
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides) -> "LLMEngine":
@@ -91,10 +100,12 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        # compiled before queueing: an invalid schema / regex / grammar rejects the request here
+        matcher = self.grammar.compile(params) if params.guided else None
         seq = Sequence(request_id, ids, params, priority=priority, cache_salt=cache_salt)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, ids, params),
-                                              [] if params.logprobs is not None else None)
+                                              [] if params.logprobs is not None else None, matcher=matcher)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -120,7 +131,7 @@ class LLMEngine:
         if not sched.scheduled:
             return ended
         logits, seqs = self.runner.execute(sched.scheduled)
-        sampled = self.sampler(logits, seqs) if seqs else None
+        sampled = self.sampler(logits, seqs, self._masks(seqs)) if seqs else None
         new_tokens = {s.seq_id: t for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
         self.scheduler.postprocess(sched, new_tokens)
         outputs = ended
@@ -133,11 +144,31 @@ class LLMEngine:
             outputs.append(self._advance(req, token, lp))
         return outputs
 
+    def _masks(self, seqs: list[Sequence]) -> dict[int, GrammarMatcher] | None:
+        if self._grammar is None:  # no guided request ever: no per-step work
+            return None
+        reqs = self._requests
+        masks = {i: r.matcher for i, s in enumerate(seqs)
+                 if (r := reqs.get(s.request_id)) is not None and r.matcher is not None}
+        return masks or None
+
     def _advance(self, req: _Request, token: int, lp: TokenLogprob | None) -> RequestOutput:
         seq, p = req.seq, req.seq.params
         n_out = seq.num_output_tokens
-        stop_token = n_out >= p.min_tokens and (
-            token in p.stop_token_ids or (not p.ignore_eos and token in self.tokenizer.eos_token_ids))
+        eos = token in self.tokenizer.eos_token_ids
+        # A complete grammar ends the request ("stop") whatever min_tokens / ignore_eos say: nothing
+        # else may follow; an EOS that completes it is dropped from the text like any stop token.
+        # The mask only allows grammar tokens, so a rejected token means the matcher failed (e.g. a
+        # parser limit): end the request without the token's text rather than decode unconstrained.
+        grammar_end = rejected = False
+        if req.matcher is not None:
+            rejected = not req.matcher.accept(token)
+            if rejected:
+                log.warning("request %s: grammar rejected token %d (%s); stopping", seq.request_id, token,
+                            req.matcher.error)
+            grammar_end = req.matcher.is_terminated()
+        stop_token = (n_out >= p.min_tokens and (
+            token in p.stop_token_ids or (not p.ignore_eos and eos))) or (grammar_end and eos) or rejected
         # like vLLM: a stop token's own text is not part of the output unless asked for
         delta = req.detok.add(token) if not stop_token or p.include_stop_str_in_output else ""
         if lp is not None:
@@ -147,6 +178,8 @@ class LLMEngine:
             reason, stop = "stop", (token if token in p.stop_token_ids else None)
         elif req.detok.finished_by_stop:
             reason, stop = "stop", req.detok.stop_reason
+        elif grammar_end:
+            reason = "stop"
         elif n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:

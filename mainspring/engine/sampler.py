@@ -8,13 +8,14 @@ few full passes over [B, V] and no per-row tensor work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence as SequenceABC
+from collections.abc import Iterable, Mapping, Sequence as SequenceABC
 from dataclasses import dataclass
 from itertools import chain
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
+from mainspring.engine.grammar import apply_bitmask_, bitmask_words
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.sequence import Sequence
 
@@ -41,6 +42,12 @@ class SamplerOutput:
     logprobs: list[SampleLogprobs | None]  # None where the row's params.logprobs is None
 
 
+class TokenMask(Protocol):
+    """A row's allowed next tokens (engine/grammar.py GrammarMatcher): writes an int32 bitmask row."""
+
+    def fill_mask(self, row: torch.Tensor) -> None: ...
+
+
 class Sampler:
     """Per-sequence state, keyed by seq_id and dropped by free(): a torch.Generator for each seeded
     sequence, and the distinct prompt token ids of each sequence with a repetition penalty (the
@@ -60,12 +67,18 @@ class Sampler:
     def num_seeded(self) -> int:
         return len(self._generators)
 
-    def __call__(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: SequenceABC[Sequence],
+                 masks: Mapping[int, TokenMask] | None = None) -> SamplerOutput:
+        """`masks` maps a row to its constraint (guided decoding): tokens it disallows get -inf
+        before penalties, temperature and filters, so greedy and sampling only pick allowed tokens;
+        logprobs still come from the raw logits."""
         if logits.dim() != 2 or logits.shape[0] != len(seqs):
             raise ValueError(f"logits must be [len(seqs)={len(seqs)}, vocab], got {tuple(logits.shape)}")
         raw = logits
         params = [s.params for s in seqs]
         num_rows = logits.shape[0]
+        if masks:
+            logits = _apply_masks(logits, masks)
         logits = self.apply_penalties(logits, seqs)
 
         sample_rows = [i for i, p in enumerate(params) if p.temperature >= _GREEDY_EPS]
@@ -195,6 +208,25 @@ def _index(rows: list[int], device: torch.device) -> torch.Tensor:
 
 def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(token_ids, device=device, dtype=torch.long)
+
+
+def _apply_masks(logits: torch.Tensor, masks: Mapping[int, TokenMask]) -> torch.Tensor:
+    """fp32 copy of `logits` with each masked row's disallowed tokens at -inf (the raw logits stay
+    intact for logprobs). One bitmask for all masked rows, unpacked and applied in one pass."""
+    rows = sorted(masks)
+    bitmask = torch.empty(len(rows), bitmask_words(logits.shape[1]), dtype=torch.int32)
+    for j, r in enumerate(rows):
+        masks[r].fill_mask(bitmask[j])
+    bitmask = bitmask.to(logits.device)
+    out = logits.float().clone(memory_format=torch.contiguous_format)
+    if len(rows) == out.shape[0]:
+        apply_bitmask_(out, bitmask)
+    else:
+        idx = _index(rows, out.device)
+        sub = out[idx]
+        apply_bitmask_(sub, bitmask)
+        out[idx] = sub
+    return out
 
 
 def _flat_positions(

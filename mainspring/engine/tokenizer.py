@@ -162,6 +162,11 @@ class Tokenizer:
 
     # ---- vocabulary -------------------------------------------------------------------------
     @property
+    def hf_tokenizer(self):
+        """The underlying `tokenizers.Tokenizer` (grammar backends read its JSON)."""
+        return self._tk
+
+    @property
     def vocab_size(self) -> int:
         return self._tk.get_vocab_size(with_added_tokens=True)
 
