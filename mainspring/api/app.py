@@ -1,4 +1,4 @@
-"""The HTTP app factory. For now: health and the model list; the API issue grows the routes."""
+"""The HTTP app factory: /health, the OpenAI-compatible /v1 routes and Anthropic's /v1/messages."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from mainspring import __version__
+from mainspring.api.errors import install_error_handlers
+from mainspring.api.routes import api_router
 from mainspring.config import Settings, get_settings
 
 
@@ -28,16 +30,14 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
 
     app = FastAPI(title="Mainspring", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.settings = settings
+    app.state.started = time.time()
+    install_error_handlers(app)
+    app.include_router(api_router())
 
     @app.get("/health")
     async def health() -> dict:
         eng = app.state.engine.engine
         return {"status": "ok", "version": __version__, "model": eng.name, **eng.stats()}
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        eng = app.state.engine.engine
-        return {"object": "list", "data": [
-            {"id": eng.name, "object": "model", "created": int(app.state.started), "owned_by": "mainspring"}]}
 
     return app

@@ -1,0 +1,317 @@
+"""Request and response bodies of the OpenAI (chat, completions) and Anthropic (messages) APIs.
+
+Requests accept unknown fields (`extra="allow"`) as the real services do: SDKs add fields over time
+(`store`, `metadata`, `service_tier`, ...) and a client must not break on a server that is merely
+older. Ranges that OpenAI documents are enforced here, so a bad value is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mainspring.engine.outputs import Usage
+
+_LENIENT = ConfigDict(extra="allow", populate_by_name=True)
+
+
+# ---- OpenAI requests ----------------------------------------------------------------------------
+class ContentPart(BaseModel):
+    model_config = _LENIENT
+    type: str
+    text: str | None = None
+
+
+class FunctionCallIn(BaseModel):
+    model_config = _LENIENT
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    model_config = _LENIENT
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(BaseModel):
+    model_config = _LENIENT
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = _LENIENT
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _LENIENT
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(BaseModel):
+    model_config = _LENIENT
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = _LENIENT
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _LENIENT
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaSpec | None = None
+
+
+class SamplingFields(BaseModel):
+    """Fields every OpenAI generation endpoint shares, plus vLLM's common extras (top_k, min_p, ...)."""
+
+    model_config = _LENIENT
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = Field(None, ge=0)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None  # checked in tools.py, so a bad value gets a message that lists the valid ones
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this endpoint
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+
+# ---- OpenAI responses ---------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, u: Usage) -> UsageOut:
+        return cls(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                   total_tokens=u.total_tokens, prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens))
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # a JSON document as a string, as OpenAI sends it
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallOut | None = None
+
+
+class TopLogprobOut(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprobOut):
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+    refusal: None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: UsageOut
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: UsageOut | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: UsageOut | None = None
+
+
+# ---- Anthropic messages -------------------------------------------------------------------------
+class ContentBlockIn(BaseModel):
+    """Any input block; which fields matter depends on `type` (text, tool_use, tool_result, ...)."""
+
+    model_config = _LENIENT
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+
+
+class AnthropicMessage(BaseModel):
+    model_config = _LENIENT
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlockIn]
+
+
+class AnthropicTool(BaseModel):
+    model_config = _LENIENT
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class MessagesRequest(BaseModel):
+    model_config = _LENIENT
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[ContentBlockIn] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float = Field(1.0, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    speed: Literal["standard", "fast"] | None = None
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    speed: Literal["standard", "fast"] = "standard"
+
+    @classmethod
+    def of(cls, u: Usage, tier: str = "standard") -> AnthropicUsage:
+        # Anthropic counts cached prompt tokens apart from input_tokens; OpenAI counts them inside.
+        return cls(input_tokens=u.prompt_tokens - u.cached_tokens, output_tokens=u.completion_tokens,
+                   cache_read_input_tokens=u.cached_tokens, cache_creation_input_tokens=0,
+                   speed="fast" if tier == "fast" else "standard")
+
+
+class MessageOut(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    stop_sequence: str | None = None
+    usage: AnthropicUsage
