@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from mainspring import __version__
+from mainspring.api.economics import Economics
 from mainspring.api.errors import install_error_handlers
 from mainspring.api.routes import api_router
 from mainspring.config import Settings, get_settings
@@ -16,6 +17,8 @@ from mainspring.config import Settings, get_settings
 def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup."""
     settings = settings or get_settings()
+
+    owns_engine = engine is None  # an engine given by the caller is the caller's to close
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -26,11 +29,13 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
             app.state.engine = AsyncLLMEngine(LLMEngine.from_settings(settings))
         app.state.started = time.time()
         yield
-        app.state.engine.close()
+        if owns_engine:
+            app.state.engine.close()
 
     app = FastAPI(title="Mainspring", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.settings = settings
+    app.state.economics = Economics(settings)
     app.state.started = time.time()
     install_error_handlers(app)
     app.include_router(api_router())

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                     429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
-_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error",
+_OPENAI_TYPES = {401: "authentication_error", 402: "insufficient_quota", 403: "permission_error", 429: "rate_limit_error",
                  500: "server_error", 503: "server_error"}
 _PARAM_IN_MESSAGE = re.compile(r"invalid sampling parameter (\w+)=")
 
@@ -35,9 +35,10 @@ class APIError(Exception):
     """An error with an HTTP status, raised anywhere below a route and rendered by the handlers here."""
 
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
         self.type = type or _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
@@ -65,7 +66,7 @@ def error_body(err: APIError, anthropic: bool) -> dict[str, Any]:
 
 
 def error_response(request: Request, err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err, is_anthropic(request)), status_code=err.status)
+    return JSONResponse(error_body(err, is_anthropic(request)), status_code=err.status, headers=err.headers)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "json-or-python"}

@@ -1,4 +1,4 @@
-"""Seams for the economics layer (keys, budgets, ledger): no-ops until billing/ fills them in.
+"""Seams between the routes and the economics layer (mainspring/api/economics.py).
 
 Every generation route calls them in this order, exactly once each per HTTP call:
 
@@ -16,6 +16,7 @@ reports "cancelled"; an engine failure reports "error". An exception raised by `
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,28 +46,32 @@ class CallOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-async def authenticate(request: Request) -> Any:
-    """Identify the caller from its API key (`Authorization: Bearer ...` or `x-api-key`).
+def _economics(request: Request):
+    return request.app.state.economics
 
-    Return a principal (key id, project) to be kept on `request.state.principal`, or raise
-    `APIError(401, ...)`. Now: everyone is anonymous (None).
-    """
-    return None
+
+async def authenticate(request: Request) -> Any:
+    """The caller's API key row (`Authorization: Bearer ...` or Anthropic's `x-api-key`), or None
+    for an anonymous caller where keys are optional; raises APIError(401)."""
+    auth = request.headers.get("authorization", "")
+    secret = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+    return await asyncio.to_thread(_economics(request).authenticate, secret)
 
 
 async def before_call(request: Request, info: CallInfo) -> Any:
-    """Admission: check rate limits and budgets, reserve the worst-case cost of `info`.
-
-    Return an opaque reservation handed back to `after_call`, or raise `APIError(402 | 429, ...)`.
-    Now: nothing is reserved.
-    """
-    return None
+    """Rate limits, then the budget: reserve the worst-case cost of `info` or raise APIError(429 | 402)."""
+    return await asyncio.to_thread(
+        _economics(request).admit, request.state.principal, info.request_id, info.model, info.tier,
+        info.prompt_tokens, info.max_output_tokens)
 
 
 async def after_call(usage: Usage, request: Request, info: CallInfo, reservation: Any, outcome: CallOutcome) -> None:
-    """Record what the call actually used and settle its reservation; called exactly once per call.
+    """Price what the call used, append it to the ledger and settle the reservation.
 
     `usage` sums every choice: prompt tokens once per prompt, cached tokens of those, completion
-    tokens of all choices. Must not raise: the response is already decided. Now: nothing is recorded.
-    """
-    return None
+    tokens of all choices. A broken-off stream is billed for the tokens it produced."""
+    finish = next((f for f in outcome.finish_reasons if f), None)
+    cost_u = await asyncio.to_thread(
+        _economics(request).record, request.state.principal, reservation, info.request_id, info.endpoint,
+        info.model, info.tier, info.stream, usage, outcome.status, finish)
+    request.state.cost_u = cost_u
