@@ -200,10 +200,11 @@ def down() -> None:
 
 
 def _register_subcommands() -> None:
-    from mainspring.billing.cli import keys_app, usage
+    from mainspring.billing.cli import keys_app, sim, usage
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
+    app.command("sim", help="replay a trace under prompt-cache policies: cost by scenario, advice")(sim)
 
 
 _register_subcommands()

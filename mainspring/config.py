@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     require_auth: bool = Field(False, description="API keys required on every request")
     rpm_limit: int = Field(0, ge=0, description="default requests per minute per key; 0 = unlimited")
     tpm_limit: int = Field(0, ge=0, description="default tokens per minute per key; 0 = unlimited")
+    record_trace: str = Field("", description="append a privacy-safe JSONL trace of chat calls here; empty = off")
+    upstreams_file: str = Field("", description="YAML of OpenAI-compatible upstream endpoints served as models")
 
     @field_validator("data_dir")
     @classmethod

@@ -11,6 +11,8 @@ from mainspring import __version__
 from mainspring.api.economics import Economics
 from mainspring.api.errors import install_error_handlers
 from mainspring.api.routes import api_router
+from mainspring.billing.trace import TraceRecorder
+from mainspring.api.upstream import Upstreams
 from mainspring.config import Settings, get_settings
 
 
@@ -28,7 +30,13 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
 
             app.state.engine = AsyncLLMEngine(LLMEngine.from_settings(settings))
         app.state.started = time.time()
+        from mainspring.api.batch_runner import BatchRunner  # needs the engine: started here, stopped first
+
+        app.state.batch_runner = BatchRunner(app)
+        await app.state.batch_runner.start()
         yield
+        await app.state.batch_runner.stop()
+        await app.state.upstreams.aclose()
         if owns_engine:
             app.state.engine.close()
 
@@ -36,6 +44,8 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
     app.state.engine = engine
     app.state.settings = settings
     app.state.economics = Economics(settings)
+    app.state.trace_recorder = TraceRecorder(settings.record_trace) if settings.record_trace else None
+    app.state.upstreams = Upstreams.load(settings.upstreams_file)  # OpenAI-compatible endpoints served as models
     app.state.started = time.time()
     install_error_handlers(app)
     app.include_router(api_router())

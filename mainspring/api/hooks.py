@@ -17,6 +17,7 @@ reports "cancelled"; an engine failure reports "error". An exception raised by `
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,3 +76,10 @@ async def after_call(usage: Usage, request: Request, info: CallInfo, reservation
         _economics(request).record, request.state.principal, reservation, info.request_id, info.endpoint,
         info.model, info.tier, info.stream, usage, outcome.status, finish)
     request.state.cost_u = cost_u
+    recorder = getattr(request.app.state, "trace_recorder", None)
+    segments = getattr(request.state, "trace_segments", None)
+    if recorder is not None and segments is not None:  # MAINSPRING_RECORD_TRACE (mainspring/billing/trace.py)
+        key = request.state.principal
+        await asyncio.to_thread(recorder.record_call, segments, t=time.time(), key=key.id if key else "anonymous",
+                                project=str(key.project_id) if key else "", model=info.model, tier=info.tier,
+                                output_tokens=usage.completion_tokens, max_output_tokens=info.max_output_tokens)

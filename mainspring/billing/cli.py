@@ -146,3 +146,88 @@ def usage(
     _table([by, "requests", "input", "cached", "hit rate", "output", "cost", "saved by cache"],
            [[r.group, str(r.requests), str(r.input_total), str(r.cache_read), f"{r.cache_hit_rate:.1%}",
              str(r.output), budgets.usd(r.cost_u), budgets.usd(r.savings_u)] for r in rows])
+
+
+def sim(
+    trace: Path = typer.Argument(..., help="JSONL trace (what MAINSPRING_RECORD_TRACE writes)"),
+    policy: list[str] = typer.Option([], "--policy", help="cache policy, repeatable: automatic_prefix, "
+                                     "explicit_breakpoints, disk_units, kv_blocks (default: all four)"),
+    prices: Optional[Path] = typer.Option(None, "--prices", help="price sheet for this server's kv_blocks policy "
+                                          "(default: MAINSPRING_PRICES_FILE, else the built-in sheet)"),
+    kv_capacity: Optional[int] = typer.Option(None, "--kv-capacity", min=1, help="kv_blocks cache size in tokens"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+) -> None:
+    """Replay a trace under prompt-cache policies: cost by scenario and the advisor's proposals."""
+    import json
+
+    from mainspring.billing.advisor import advise
+    from mainspring.billing.cache_replay import POLICIES
+    from mainspring.billing.cache_replay import policy as make_policy
+    from mainspring.billing.prices import load_price_sheet
+    from mainspring.billing.simulator import simulate
+    from mainspring.billing.trace import TraceError, read_trace
+    from mainspring.config import Settings
+
+    unknown = [p for p in policy if p not in POLICIES]
+    if unknown:
+        _fail(f"--policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
+    names = list(dict.fromkeys(policy)) or list(POLICIES)
+    specs = [make_policy(p, capacity_tokens=kv_capacity) if p == "kv_blocks" and kv_capacity else make_policy(p)
+             for p in names]
+    try:
+        requests = read_trace(trace)
+        sheet = load_price_sheet(prices or Settings().prices_file or None) if "kv_blocks" in names else None
+        result = simulate(requests, specs, sheet)
+        proposals = advise(requests, result, sheet)
+    except (TraceError, PriceError, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"trace": str(trace), "requests": len(requests), "results": result.to_json(),
+                               "advice": [p.to_json() for p in proposals]}, indent=2))
+        return
+    _print_sim(trace, len(requests), result, proposals)
+
+
+def _print_sim(trace: Path, n: int, result, proposals) -> None:
+    import sys
+
+    from rich.table import Table
+
+    from mainspring.billing.simulator import usd
+
+    out = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    policies = result.policies
+    tokens = Table(title=f"{trace}: {n} requests, tokens by class (cache scenario)", title_justify="left")
+    for col in ("policy", "prices", "input", "cache read", "cache write", "uncached", "output", "hit rate"):
+        tokens.add_column(col, justify="left" if col in ("policy", "prices") else "right")
+    for p in policies:
+        r = result.get("cache", p)
+        t = r.totals
+        tokens.add_row(p, r.prices, f"{t.input_total:,}", f"{t.cache_read:,}", f"{t.cache_write:,}",
+                       f"{t.uncached:,}", f"{t.output:,}", f"{r.hit_rate:.1%}")
+    out.print(tokens)
+    cost = Table(title="Cost in USD by scenario (reductions vs no cache, same prices)", title_justify="left")
+    for col in ("policy", "scenario", "uncached", "cache read", "cache write", "output", "total", "$/1M input",
+                "input ×", "total ×"):
+        cost.add_column(col, justify="left" if col in ("policy", "scenario") else "right")
+    for p in policies:
+        for (sc, pol), r in result.results.items():
+            if pol != p:
+                continue
+            t = r.totals
+            cost.add_row(p, sc, usd(t.uncached_u), usd(t.cache_read_u), usd(t.cache_write_u), usd(t.output_u),
+                         usd(t.total_u), f"{r.effective_input_price:.4f}", f"{r.input_factor:.2f}",
+                         f"{r.total_factor:.2f}")
+        cost.add_section()
+    out.print(cost)
+    if not proposals:
+        out.print("advisor: nothing to propose for this trace")
+        return
+    adv = Table(title="Advisor: each proposal re-simulated on a copy of the trace (Δ total, cache scenario; "
+                "negative saves)", title_justify="left")
+    for col in ("rule", "requests", *(f"Δ {p}" for p in policies), "advice"):
+        adv.add_column(col, justify="right" if col.startswith("Δ") or col == "requests" else "left")
+    for pr in proposals:
+        adv.add_row(pr.rule, str(pr.affected or "-"),
+                    *(usd(pr.deltas_u[p]) if p in pr.deltas_u else "-" for p in policies), pr.advice)
+    out.print(adv)

@@ -80,8 +80,9 @@ def _group_column(by: str):
 
 
 def usage_report(session: Session, by: str = "key", since: datetime | None = None, until: datetime | None = None,
-                 sheets: dict[str, PriceSheet] | None = None) -> list[UsageRow]:
-    """Net usage per group, sorted by cost (highest first). `sheets` adds versions not stored in the database."""
+                 sheets: dict[str, PriceSheet] | None = None, project_id: int | None = None) -> list[UsageRow]:
+    """Net usage per group, sorted by cost (highest first). `sheets` adds versions not stored in the database;
+    `project_id` keeps only that project's rows."""
     grp = _group_column(by).label("grp")
     is_rev = LedgerEntry.reverses_entry_id.is_not(None)
     q = (
@@ -101,6 +102,8 @@ def usage_report(session: Session, by: str = "key", since: datetime | None = Non
         q = q.where(LedgerEntry.ts >= since)
     if until is not None:
         q = q.where(LedgerEntry.ts < until)
+    if project_id is not None:
+        q = q.where(LedgerEntry.project_id == project_id)
     known = {**stored_sheets(session), **(sheets or {})}
     rows: dict[str, UsageRow] = {}
     for g, model, tier, version, n, unc, read, write, out, reas, cost, read_cost in session.execute(q):

@@ -50,7 +50,12 @@ class AsyncLLMEngine:
             self._wake.set()
             return rid
 
-        rid = await asyncio.to_thread(add)
+        adding = asyncio.ensure_future(asyncio.to_thread(add))
+        try:
+            rid = await asyncio.shield(adding)
+        except asyncio.CancelledError:  # the thread still adds it: abort once it has, or it runs for nobody
+            adding.add_done_callback(lambda f: f.cancelled() or f.exception() or self.abort(f.result()))
+            raise
         finished = False
         try:
             while True:
@@ -106,4 +111,7 @@ class AsyncLLMEngine:
                         continue
                     if out.finished:
                         del self._queues[out.request_id]
-                    target[0].call_soon_threadsafe(target[1].put_nowait, out)
+                    try:
+                        target[0].call_soon_threadsafe(target[1].put_nowait, out)
+                    except RuntimeError:  # its event loop is closed (that server stopped): nobody to tell
+                        self._queues.pop(out.request_id, None)

@@ -44,10 +44,11 @@ async def _authenticate(request: Request) -> None:
 def api_router() -> APIRouter:
     """Every /v1 route, each behind `hooks.authenticate`."""
     # imported here: they import this module
-    from mainspring.api.routes import chat, completions, embeddings, messages, models
+    from mainspring.api.routes import chat, completions, embeddings, messages, models, usage
+    from mainspring.api.routes import batches, files
 
     router = APIRouter(dependencies=[Depends(_authenticate)])
-    for module in (models, chat, completions, messages, embeddings):
+    for module in (models, chat, completions, messages, embeddings, usage, files, batches):
         router.include_router(module.router)
     return router
 
@@ -250,3 +251,55 @@ async def _until_disconnected(request: Request) -> None:
     # The body is already read, so the next ASGI message is the disconnect (or nothing, ever).
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+# ---- a route called in-process (batch lines) -----------------------------------------------------------
+async def call_route(app: Any, endpoint: str, body: dict[str, Any], principal: Any = None) -> tuple[int, Any]:
+    """POST `body` to the generation route at `endpoint` without HTTP: the same validation, admission,
+    engine work and response body (or OpenAI error body) as a real call, as (status code, JSON).
+
+    `app` needs only a `.state` like the real app's (engine, economics, settings): the caller can hand
+    in its own engine priority and economics. The request never disconnects; cancel the task to abort.
+    """
+    import json
+
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+    from starlette.responses import Response
+
+    from mainspring.api.errors import _validation_error, error_body
+    from mainspring.api.routes import chat, completions
+    from mainspring.api.schemas import ChatCompletionRequest, CompletionRequest
+    from mainspring.engine.errors import EngineError
+
+    handlers = {chat.ENDPOINT: (ChatCompletionRequest, chat.create_chat_completion),
+                completions.ENDPOINT: (CompletionRequest, completions.create_completion)}
+    schema, handler = handlers[endpoint]
+
+    async def never_disconnects() -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    request = Request({"type": "http", "method": "POST", "path": endpoint, "headers": [], "query_string": b"",
+                       "app": app}, never_disconnects)
+    request.state.principal = principal
+    try:  # the app's exception handlers, for the exceptions a generation route raises
+        try:
+            parsed = schema.model_validate(body)
+        except ValidationError as e:
+            raise _validation_error(RequestValidationError(e.errors(include_url=False))) from None
+        result = await handler(parsed, request)
+    except APIError as e:
+        return e.status, error_body(e, False)
+    except InvalidRequestError as e:
+        return 400, error_body(from_engine_error(e), False)
+    except EngineError as e:
+        return 500, error_body(APIError(500, f"the engine could not serve this request: {e}"), False)
+    except Exception:
+        log.exception("unhandled error in an in-process call to %s", endpoint)
+        return 500, error_body(APIError(500, "the server had an internal error while processing this request; "
+                                             "it has been logged"), False)
+    if isinstance(result, Response):
+        return result.status_code, json.loads(bytes(result.body))
+    return 200, jsonable_encoder(result)

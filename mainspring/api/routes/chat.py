@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from mainspring.api.errors import APIError, bad_request, error_body
 from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, choice_jobs, fit_max_tokens, new_id, now,
                                    sampling_params)
+from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                     ChatCompletionRequest, ChatDelta, ChatMessage, ChatMessageOut, ChoiceLogprobs,
@@ -19,6 +20,7 @@ from mainspring.api.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion,
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
 from mainspring.api.tools import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, call_schema, new_call_id,
                                   openai_tool_choice, parse_tool_calls, template_messages)
+from mainspring.billing.trace import segments_from_messages
 from mainspring.engine.outputs import TokenLogprob
 from mainspring.engine.tokenizer import Tokenizer
 
@@ -112,12 +114,16 @@ def _tool_calls_out(calls: list[ParsedCall]) -> list[ToolCallOut]:
 
 @router.post(ENDPOINT)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
+    if upstream.serves(request, body.model):
+        return await upstream.proxy(request, body, ENDPOINT)
     model = resolve_model(request, body.model)
     tokenizer = model.engine.tokenizer
     tools = [ToolSpec(t.function.name, t.function.description or "",
                       t.function.parameters or {"type": "object", "properties": {}}) for t in body.tools or []]
     choice = openai_tool_choice(body.tool_choice, tools)
     prompt_ids = tokenizer.encode(render_prompt(tokenizer, normalize_messages(body.messages), tools, choice))
+    if getattr(request.app.state, "trace_recorder", None) is not None:  # counts and hashes only, no text
+        request.state.trace_segments = segments_from_messages(normalize_messages(body.messages), tokenizer, tools)
     max_tokens = fit_max_tokens(model.max_model_len, len(prompt_ids),
                                 body.max_completion_tokens or body.max_tokens, "messages")
     if body.top_logprobs and not body.logprobs:

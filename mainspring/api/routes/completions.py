@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from mainspring.api.errors import APIError, bad_request, error_body
 from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, Job, choice_jobs, fit_max_tokens, new_id, now,
                                    sampling_params)
+from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, UsageOut
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
@@ -56,6 +57,8 @@ def completion_logprobs(lps: list[TokenLogprob], offset: int) -> CompletionLogpr
 
 @router.post(ENDPOINT)
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
+    if upstream.serves(request, body.model):
+        return await upstream.proxy(request, body, ENDPOINT)
     model = resolve_model(request, body.model)
     if body.echo:
         raise bad_request("echo is not supported by this server", param="echo")

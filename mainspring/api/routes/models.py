@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
+from mainspring.api import upstream
 from mainspring.api.errors import APIError
 from mainspring.engine.async_engine import AsyncLLMEngine
 from mainspring.engine.loader import EMBEDDED_MODEL
@@ -69,9 +70,13 @@ def _card(m: ServedModel, created: int) -> dict:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     created = int(request.app.state.started)
-    return {"object": "list", "data": [_card(m, created) for m in served_models(request)]}
+    return {"object": "list", "data": [_card(m, created) for m in served_models(request)]
+            + upstream.model_cards(request, created)}
 
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request) -> dict:
+    for card in upstream.model_cards(request, int(request.app.state.started)):
+        if card["id"] == model_id:
+            return card
     return _card(resolve_model(request, model_id), int(request.app.state.started))
