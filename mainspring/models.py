@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import httpx
 
+from mainspring.tool_calls import call_items
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.outputs import Usage
 from mainspring.engine.params import SamplingParams
@@ -158,20 +159,7 @@ def parse_tool_calls(text: str, names: set[str]) -> list[ToolCall]:
         return []
     if s[end:].strip():
         return []
-    calls = []
-    for item in value if isinstance(value, list) else [value]:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            return []
-        args = item.get("arguments", item.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return []
-        if not isinstance(args, dict):
-            return []
-        calls.append(ToolCall(new_call_id(), item["name"], json.dumps(args)))
-    return calls
+    return [ToolCall(new_call_id(), name, json.dumps(args)) for name, args in call_items(value, names)]
 
 
 def _text_content(content: Any) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mainspring.api.errors import bad_request
+from mainspring.tool_calls import call_items
 
 _ALPHABET = string.ascii_letters + string.digits
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -188,20 +189,7 @@ def _as_calls(text: str, names: set[str], prefix: str) -> list[ParsedCall]:
         obj, _ = json.JSONDecoder().raw_decode(text.strip())
     except ValueError:
         return []
-    calls = []
-    for item in obj if isinstance(obj, list) else [obj]:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            return []
-        args = item.get("arguments", item.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return []
-        if not isinstance(args, dict):
-            return []
-        calls.append(ParsedCall(item["name"], args, new_call_id(prefix)))
-    return calls
+    return [ParsedCall(name, args, new_call_id(prefix)) for name, args in call_items(obj, names)]
 
 
 def parse_tool_calls(text: str, tools: list[ToolSpec], prefix: str = "call_") -> tuple[str | None, list[ParsedCall]]:
