@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -20,6 +17,7 @@ from mainspring.models import (
     Completion, LocalModel, OpenAICompatibleModel, ScriptedModel, ToolCall, UpstreamError, _local_messages,
     parse_tool_calls, tool_call_schema,
 )
+from tests.servers import serve
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -91,18 +89,9 @@ def upstream():
             return _sse(payload)
         return JSONResponse(payload, status_code=status)
 
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    state["url"] = f"http://127.0.0.1:{port}/v1"
-    yield state
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve(app, None) as srv:
+        state["url"] = srv.openai_url
+        yield state
 
 
 @pytest.fixture

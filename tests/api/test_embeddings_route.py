@@ -2,41 +2,21 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import numpy as np
 import openai
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from mainspring.api.routes.embeddings import router
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.servers import serve
 
 
 @pytest.fixture(scope="module")
 def embed_server():
     app = FastAPI()
     app.include_router(router)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    yield app, f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve(app, None) as srv:
+        yield app, srv.openai_url
 
 
 @pytest.fixture(scope="module")
