@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +39,16 @@ class Settings(BaseSettings):
     tpm_limit: int = Field(0, ge=0, description="default tokens per minute per key; 0 = unlimited")
     record_trace: str = Field("", description="append a privacy-safe JSONL trace of chat calls here; empty = off")
     upstreams_file: str = Field("", description="YAML of OpenAI-compatible upstream endpoints served as models")
+
+    sandbox_slots: int = Field(8, ge=1, le=256, description="sandboxed jobs at once (each slot has its own uid)")
+    sandbox_uid_base: int = Field(640_000, ge=1000, description="host uid of sandbox slot 0 (slot n: base + n)")
+    sandbox_dir: str = Field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "mainspring-sandbox"),
+        description="workspaces, slot locks and the sandbox's /etc (parents must be world-traversable)",
+    )
+    sandbox_profiles_file: str = Field("", description="YAML overriding or adding sandbox profiles")
+    sandbox_bwrap: str = Field("", description="path to bwrap; empty = found on PATH")
+    sandbox_insecure_local: bool = Field(False, description="DEVELOPMENT ONLY: run sandbox jobs without isolation")
 
     @field_validator("data_dir")
     @classmethod

@@ -1,0 +1,131 @@
+"""A job's workspace: a size-limited tmpfs owned by the job's uid; inputs copied in, results copied out.
+
+The launcher is root and the job is not, so everything read back is read without following links:
+a job that leaves `out.txt -> /etc/shadow` gets nothing of the host's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Mapping, Union
+
+from mainspring.sandbox.errors import SandboxError
+
+MS_NOSUID, MS_NODEV = 2, 4
+MNT_DETACH = 2
+FileData = Union[bytes, str]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def safe_relpath(name: str) -> str:
+    """A workspace-relative path, or SandboxError for absolute paths, '..' and the like."""
+    if not name or "\x00" in name:
+        raise SandboxError(f"bad input file name {name!r}")
+    path = PurePosixPath(name)
+    if path.is_absolute() or any(part in ("..", "") for part in path.parts) or path.parts[0] == ".":
+        raise SandboxError(f"input file {name!r} must be a relative path inside the workspace")
+    return str(path)
+
+
+class Workspace:
+    def __init__(self, path: Path, size_mb: int, uid: int | None, gid: int | None, use_tmpfs: bool):
+        self.path, self.size_mb, self.uid, self.gid, self.use_tmpfs = path, size_mb, uid, gid, use_tmpfs
+        self.mounted = False
+
+    def create(self) -> None:
+        self.path.mkdir(mode=0o700, parents=False, exist_ok=False)
+        if self.use_tmpfs:
+            owner = f",uid={self.uid},gid={self.gid}" if self.uid is not None else ""
+            options = f"size={self.size_mb}m,nr_inodes=16384,mode=0700{owner}".encode()
+            if _libc.mount(b"tmpfs", str(self.path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+                err = ctypes.get_errno()
+                self.path.rmdir()
+                raise OSError(err, f"mount tmpfs on {self.path}: {os.strerror(err)}")
+            self.mounted = True
+        elif self.uid is not None:
+            os.chown(self.path, self.uid, self.gid)
+
+    def write_inputs(self, files: Mapping[str, FileData]) -> dict[str, bytes]:
+        """Copy the job's inputs in; returns them as bytes by normalised path (to tell outputs from inputs)."""
+        written: dict[str, bytes] = {}
+        for name, data in files.items():
+            rel = safe_relpath(name)
+            content = data.encode() if isinstance(data, str) else bytes(data)
+            target = self.path / rel
+            try:
+                self._make_parents(target.parent)
+                target.write_bytes(content)
+            except OSError as exc:
+                raise SandboxError(f"input file {rel!r} does not fit the workspace ({self.size_mb} MiB): {exc}") from exc
+            os.chmod(target, 0o755 if content.startswith(b"#!") else 0o644)
+            self._own(target)
+            written[rel] = content
+        return written
+
+    def _make_parents(self, directory: Path) -> None:
+        missing = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for d in reversed(missing):
+            d.mkdir(mode=0o755)
+            self._own(d)
+
+    def _own(self, path: Path) -> None:
+        if self.uid is not None:
+            os.chown(path, self.uid, self.gid, follow_symlinks=False)
+
+    def collect(self, inputs: Mapping[str, bytes], cap_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+        """New or changed regular files, smallest paths first, until the byte cap; the rest are named as omitted."""
+        found: dict[str, bytes] = {}
+        omitted: list[str] = []
+        total = 0
+        for rel in sorted(self._regular_files()):
+            content = _read_nofollow(self.path / rel)
+            if content is None or inputs.get(rel) == content:
+                continue
+            if total + len(content) > cap_bytes:
+                omitted.append(rel)
+                continue
+            found[rel] = content
+            total += len(content)
+        return found, omitted
+
+    def largest_file(self) -> int:
+        return max((os.lstat(self.path / rel).st_size for rel in self._regular_files()), default=0)
+
+    def _regular_files(self) -> list[str]:
+        files = []
+        for root, dirs, names in os.walk(self.path, followlinks=False):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+            for name in names:
+                full = os.path.join(root, name)
+                if stat.S_ISREG(os.lstat(full).st_mode):
+                    files.append(os.path.relpath(full, self.path))
+        return files
+
+    def destroy(self) -> None:
+        if self.mounted:
+            if _libc.umount2(str(self.path).encode(), MNT_DETACH) == 0:
+                self.mounted = False
+        if not self.mounted:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _read_nofollow(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
