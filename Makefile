@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: up down install test test-fast bench clean
+.PHONY: up down install system test test-fast bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed system
+
+system:  ## bubblewrap for the sandbox (Debian package), when missing and we may install it
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } \
+	  || echo "note: install bubblewrap (apt-get install bubblewrap) to run sandboxed code"
 
 up: install  ## install what is missing, start the server on the embedded model, print its URL
 	$(VENV)/bin/mainspring up

@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from readme_table import update_readme  # noqa: E402
+
 WORKLOADS = {
     "a": dict(title="single-stream decode, 128 tokens", metric="decode tok/s"),
     "b": dict(title="prefill, 2,000-token prompt", metric="prefill tok/s"),
@@ -152,7 +156,7 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads)), flush=True)
         return
     if args.update_readme:
-        update_readme(json.loads(Path(args.out).read_text()))
+        update_readme("engine", markdown(json.loads(Path(args.out).read_text())))
         return
     engines = [e for e in args.engines.split(",") if e]
     results = []
@@ -177,15 +181,6 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(markdown(report))
-
-
-def update_readme(report: dict) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    start, end = "<!-- bench:engine -->", "<!-- /bench:engine -->"
-    head, _, rest = text.partition(start)
-    _, _, tail = rest.partition(end)
-    readme.write_text(f"{head}{start}\n{markdown(report)}\n{end}{tail}")
 
 
 def markdown(report: dict) -> str:

@@ -201,10 +201,12 @@ def down() -> None:
 
 def _register_subcommands() -> None:
     from mainspring.billing.cli import keys_app, sim, usage
+    from mainspring.sandbox.cli import sandbox_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
     app.command("sim", help="replay a trace under prompt-cache policies: cost by scenario, advice")(sim)
+    app.add_typer(sandbox_app, name="sandbox", help="run untrusted code isolated: run, check, profiles")
 
 
 _register_subcommands()

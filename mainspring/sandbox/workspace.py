@@ -61,7 +61,8 @@ class Workspace:
                 self._make_parents(target.parent)
                 target.write_bytes(content)
             except OSError as exc:
-                raise SandboxError(f"input file {rel!r} does not fit the workspace ({self.size_mb} MiB): {exc}") from exc
+                raise SandboxError(f"input file {rel!r} cannot be written ({exc.strerror}); "
+                                   f"the workspace holds {self.size_mb} MiB") from exc
             os.chmod(target, 0o755 if content.startswith(b"#!") else 0o644)
             self._own(target)
             written[rel] = content
