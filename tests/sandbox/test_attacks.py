@@ -320,3 +320,33 @@ def _processes_owned_by(uids: set[int]) -> list[tuple[int, str]]:
             if int(fields["Uid"].split()[0]) in uids:
                 found.append((int(entry.name), fields["State"].split()[0]))
     return found
+
+
+def test_open_files_stop_at_the_nofile_limit(sandbox):
+    result = py(sandbox, """
+        import errno, os
+        fds = []
+        try:
+            while True:
+                fds.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as exc:
+            print(errno.errorcode[exc.errno], len(fds))
+    """)
+    code, count = result.stdout.split()
+    assert code == "EMFILE" and int(count) < ATTACK.open_files
+
+
+def test_without_cgroups_memory_falls_back_to_rlimit_as():
+    from mainspring.sandbox.cgroups import CgroupLayout
+    from tests.sandbox.conftest import make_sandbox
+
+    sandbox = make_sandbox()
+    sandbox.prepare()
+    sandbox.cgroups = CgroupLayout()  # as on a host where cgroups are not writable
+    result = py(sandbox, """
+        chunks = []
+        for i in range(128):
+            chunks.append(bytearray(b"x" * (64 << 20)))
+    """)
+    assert result.exit_code == 1 and "MemoryError" in result.stderr
+    assert result.peak_memory <= ATTACK.memory_bytes
