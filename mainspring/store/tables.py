@@ -205,3 +205,7 @@ class BatchRow(Base):
     expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+# The agent runtime's tables live with the runtime but share this metadata (one schema, one migration chain).
+from mainspring.agents import tables as _agent_tables  # noqa: E402,F401

@@ -1,0 +1,268 @@
+"""The run journal: every state change of a run, written (with its event and audit entry) in one transaction.
+
+Writes by a worker are fenced by its lease: if another worker took the run over, the write fails with
+LeaseLost instead of forking history. Reads rebuild the run from the journal alone.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from mainspring.agents import audit
+from mainspring.agents.spec import AgentSpec
+from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, RunRow, StepRow, ThreadRow, ToolCallRow,
+                                      TERMINAL)
+from mainspring.store.db import session
+
+
+class LeaseLost(Exception):
+    """Another worker holds this run now; the caller must stop driving it."""
+
+
+class JournalError(ValueError):
+    """A request the journal refuses (unknown id, wrong state); the API maps it to a 4xx."""
+
+    def __init__(self, message: str, status: int = 409):
+        super().__init__(message)
+        self.status = status
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def event(s: Session, run_id: str, type_: str, **data: Any) -> None:
+    s.add(EventRow(run_id=run_id, type=type_, data_json=json.dumps(data, default=str)))
+
+
+def get_run(s: Session, run_id: str) -> RunRow:
+    run = s.get(RunRow, run_id)
+    if run is None:
+        raise JournalError(f"no run {run_id!r}", status=404)
+    return run
+
+
+def fenced(s: Session, run_id: str, owner: str) -> RunRow:
+    run = get_run(s, run_id)
+    if run.lease_owner != owner or run.status != "running":
+        raise LeaseLost(run_id)
+    run.updated_at = now()
+    return run
+
+
+# ---- agents, threads, runs ---------------------------------------------------------------------------
+def put_agent(db: str, spec: AgentSpec) -> AgentRow:
+    """The agent's newest version, adding one when the spec changed (runs keep the version they started on)."""
+    body = spec.model_dump_json()
+    with session(db) as s:
+        latest = s.scalars(select(AgentRow).where(AgentRow.name == spec.name)
+                           .order_by(AgentRow.version.desc()).limit(1)).first()
+        if latest is not None and latest.spec_json == body:
+            return latest
+        version = latest.version + 1 if latest else 1
+        row = AgentRow(id=f"agent_{spec.name}_v{version}", name=spec.name, version=version, spec_json=body)
+        s.add(row)
+        return row
+
+
+def agent_spec(s: Session, agent_id: str) -> AgentSpec:
+    row = s.get(AgentRow, agent_id)
+    if row is None:
+        raise JournalError(f"no agent {agent_id!r}", status=404)
+    return AgentSpec.model_validate_json(row.spec_json)
+
+
+def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = None, priority: int = 0,
+               token_budget: int | None = None, cost_budget_u: int | None = None,
+               attachments: dict[str, str] | None = None) -> RunRow:
+    with session(db) as s:
+        spec = agent_spec(s, agent_id)
+        if thread_id is None:
+            thread_id = new_id("thread")
+            s.add(ThreadRow(id=thread_id))
+            s.flush()  # no ORM relationship orders the inserts, so the thread goes first explicitly
+        elif s.get(ThreadRow, thread_id) is None:
+            raise JournalError(f"no thread {thread_id!r}", status=404)
+        from mainspring.billing.prices import usd_to_micro
+
+        limits = spec.limits
+        run = RunRow(
+            id=new_id("run"), thread_id=thread_id, agent_id=agent_id, goal=goal, priority=priority,
+            token_budget=token_budget if token_budget is not None else limits.token_budget,
+            cost_budget_u=cost_budget_u if cost_budget_u is not None else (
+                usd_to_micro(limits.cost_budget_usd) if limits.cost_budget_usd else None),
+            attachments_json=json.dumps(attachments or {}), status="queued",
+            cancel_requested=False, pause_requested=False, attempt=0, step_count=0, prompt_tokens=0,
+            completion_tokens=0, cached_tokens=0, cost_u=0, created_at=now(), updated_at=now(),
+        )
+        s.add(run)
+        s.flush()
+        event(s, run.id, "run.created", goal=goal, agent_id=agent_id, thread_id=thread_id)
+        audit.append(s, run.id, "run.created", {"goal": goal, "agent_id": agent_id, "spec": spec.model_dump()})
+        return run
+
+
+def finish_run(db: str, run_id: str, owner: str, status: str, *, result: str | None = None,
+               error: str | None = None, stop_reason: str | None = None) -> None:
+    assert status in TERMINAL
+    with session(db) as s:
+        run = fenced(s, run_id, owner)
+        _finish(s, run, status, result=result, error=error, stop_reason=stop_reason)
+
+
+def _finish(s: Session, run: RunRow, status: str, *, result=None, error=None, stop_reason=None) -> None:
+    run.status, run.result, run.error, run.stop_reason = status, result, error, stop_reason
+    run.finished_at, run.lease_owner, run.lease_expires_at = now(), None, None
+    event(s, run.id, "run.finished", status=status, stop_reason=stop_reason, error=error, result=result)
+    audit.append(s, run.id, "run.finished", {"status": status, "stop_reason": stop_reason, "error": error,
+                                              "result": result, "cost_u": run.cost_u,
+                                              "tokens": run.prompt_tokens + run.completion_tokens})
+
+
+def park_run(db: str, run_id: str, owner: str, status: str, reason: str | None) -> None:
+    """Stop driving a run that waits (approval) or is paused (budget, user); the lease is released."""
+    with session(db) as s:
+        run = fenced(s, run_id, owner)
+        run.status, run.pause_reason = status, reason
+        run.lease_owner, run.lease_expires_at, run.pause_requested = None, None, False
+        event(s, run_id, "run.status", status=status, reason=reason)
+        audit.append(s, run_id, "run.parked", {"status": status, "reason": reason})
+
+
+# ---- steps and tool calls ---------------------------------------------------------------------------
+@dataclass
+class RunState:
+    run: RunRow
+    spec: AgentSpec
+    steps: list[StepRow] = field(default_factory=list)  # completed, in order
+    calls: dict[str, list[ToolCallRow]] = field(default_factory=dict)  # step id -> its calls, in order
+    open_step: StepRow | None = None  # a model step started but not completed (crash or retry)
+
+    @property
+    def next_seq(self) -> int:
+        done = self.steps[-1].seq if self.steps else 0
+        return max(done, self.open_step.seq if self.open_step else 0) + 1
+
+    def open_calls(self) -> list[ToolCallRow]:
+        """Calls of the newest model step that have not reached a final state."""
+        model_steps = [st for st in self.steps if st.kind == "model"]
+        if not model_steps:
+            return []
+        return [c for c in self.calls.get(model_steps[-1].id, [])
+                if c.status in ("pending", "approved", "running", "waiting_approval")]
+
+
+def load_state(db: str, run_id: str) -> RunState:
+    with session(db, readonly=True) as s:
+        run = get_run(s, run_id)
+        state = RunState(run=run, spec=agent_spec(s, run.agent_id))
+        for st in s.scalars(select(StepRow).where(StepRow.run_id == run_id).order_by(StepRow.seq)):
+            if st.status == "completed":
+                state.steps.append(st)
+            elif st.status == "started":
+                state.open_step = st
+        for call in s.scalars(select(ToolCallRow).where(ToolCallRow.run_id == run_id).order_by(ToolCallRow.ordinal)):
+            state.calls.setdefault(call.step_id, []).append(call)
+        return state
+
+
+def begin_step(db: str, run_id: str, owner: str, seq: int, kind: str, input_hash: str) -> StepRow:
+    """A step is journaled before the model is called; a re-run after a crash reuses the started row."""
+    with session(db) as s:
+        fenced(s, run_id, owner)
+        step = s.scalars(select(StepRow).where(StepRow.run_id == run_id, StepRow.seq == seq)).first()
+        if step is None:
+            step = StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind=kind, status="started",
+                           input_hash=input_hash, attempts=1, started_at=now())
+            s.add(step)
+        else:
+            step.attempts += 1
+            step.input_hash = input_hash
+        event(s, run_id, "step.started", step_id=step.id, seq=seq, kind=kind, attempt=step.attempts)
+        return step
+
+
+def complete_model_step(db: str, run_id: str, owner: str, step_id: str, message: dict, usage: Any,
+                        cost_u: int, known_tools: set[str]) -> list[ToolCallRow]:
+    """Record the model's answer and the tool calls it asks for (pending), with usage and cost, atomically."""
+    with session(db) as s:
+        run = fenced(s, run_id, owner)
+        step = s.get(StepRow, step_id)
+        calls = []
+        for ordinal, tc in enumerate(message.get("tool_calls") or []):
+            call_id = f"{step_id}.{ordinal}"
+            tc["id"] = call_id  # our ids: unique, and stable across replays of the journal
+            calls.append(ToolCallRow(id=call_id, run_id=run_id, step_id=step_id, ordinal=ordinal,
+                                     name=tc["function"]["name"], arguments_json=tc["function"]["arguments"],
+                                     idempotency_key=f"{run_id}/{step.seq}/{ordinal}", status="pending",
+                                     attempts=0))
+        step.status, step.finished_at = "completed", now()
+        step.output_json = json.dumps(message)
+        step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        step.cached_tokens, step.cost_u = usage.cached_tokens, cost_u
+        run.step_count += 1
+        run.prompt_tokens += usage.prompt_tokens
+        run.completion_tokens += usage.completion_tokens
+        run.cached_tokens += usage.cached_tokens
+        run.cost_u += cost_u
+        s.add_all(calls)
+        event(s, run_id, "step.completed", step_id=step_id, seq=step.seq, content=message.get("content"),
+              tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments_json} for c in calls],
+              usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                     "cached_tokens": usage.cached_tokens}, cost_u=cost_u)
+        audit.append(s, run_id, "model.step", {
+            "seq": step.seq, "input_hash": step.input_hash, "output": message, "cost_u": cost_u,
+            "usage": {"prompt": usage.prompt_tokens, "completion": usage.completion_tokens,
+                      "cached": usage.cached_tokens},
+            "unknown_tools": sorted({c.name for c in calls} - known_tools)})
+        return calls
+
+
+def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, through_seq: int) -> None:
+    with session(db) as s:
+        fenced(s, run_id, owner)
+        s.add(StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind="compaction", status="completed",
+                      output_json=json.dumps({"summary": summary, "through_seq": through_seq}), attempts=1,
+                      started_at=now(), finished_at=now()))
+        event(s, run_id, "context.compacted", seq=seq, through_seq=through_seq, chars=len(summary))
+        audit.append(s, run_id, "context.compacted", {"seq": seq, "through_seq": through_seq, "summary": summary})
+
+
+def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_json: str) -> int:
+    """Journal 'about to run' before any side effect; returns the attempt number."""
+    with session(db) as s:
+        fenced(s, run_id, owner)
+        call = s.get(ToolCallRow, call_id)
+        call.status, call.started_at = "running", now()
+        call.arguments_json = arguments_json
+        call.attempts += 1
+        event(s, run_id, "tool.started", call_id=call_id, name=call.name, arguments=arguments_json,
+              attempt=call.attempts)
+        return call.attempts
+
+
+def finish_call(db: str, run_id: str, owner: str, call_id: str, status: str, result: dict,
+                artifacts: list[dict] | None = None) -> None:
+    with session(db) as s:
+        fenced(s, run_id, owner)
+        call = s.get(ToolCallRow, call_id)
+        call.status, call.finished_at, call.result_json = status, now(), json.dumps(result, default=str)
+        for a in artifacts or []:
+            s.add(ArtifactRow(id=new_id("art"), run_id=run_id, **a))
+        event(s, run_id, "tool.finished", call_id=call_id, name=call.name, status=status,
+              content=result.get("content", "")[:2000], artifacts=artifacts or [])
+        audit.append(s, run_id, "tool.call", {"call_id": call_id, "name": call.name,
+                                               "arguments": call.arguments_json, "status": status,
+                                               "result": result, "idempotency_key": call.idempotency_key,
+                                               "attempts": call.attempts})

@@ -1,0 +1,262 @@
+"""The run loop: model step → tool calls → results → … until a final answer, a limit, or a human is needed.
+
+Every step is journaled before its side effects and the loop always restarts from the journal, so the same code
+serves a fresh run, a resumed one and one recovered after kill -9. A completed step never runs again; a tool call
+cut off mid-flight is re-run only if its tool is idempotent (same idempotency key), otherwise a human decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from mainspring.agents import control, journal
+from mainspring.agents.context import build_messages, estimate_tokens, input_hash, needs_compaction, summarize
+from mainspring.agents.journal import LeaseLost, RunState
+from mainspring.agents.tools.base import Tool, ToolContext, ToolError, ToolResult, TransientToolError, openai_schema
+from mainspring.engine.outputs import Usage
+
+log = logging.getLogger("mainspring.agents")
+WRAP_UP = "The step limit is reached. Give your final answer now, without calling any tool."
+
+
+class ModelFailed(Exception):
+    pass
+
+
+@dataclass
+class LoopEnv:
+    """What every run loop of a worker shares."""
+    db: str
+    owner: str
+    models: Callable[[str], Any]  # model name -> ChatModel
+    tools: Mapping[str, Tool]
+    data_dir: Path
+    price: Callable[[str, Usage], int]  # (model, usage) -> micro-USD
+    sandbox: Any = None
+    sleep: Callable[[float], Any] = asyncio.sleep
+
+
+async def db(fn, *args, **kwargs):
+    """Journal calls are blocking SQL: keep them off the event loop."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@dataclass
+class RunLoop:
+    env: LoopEnv
+    run_id: str
+    stop: str | None = None  # set by the worker before it cancels us: cancel | pause | lost | shutdown
+    current_call: str | None = None
+    cancel_event: Any = field(default=None)
+
+    async def drive(self) -> None:
+        import threading
+
+        self.cancel_event = threading.Event()
+        try:
+            await self._advance()
+        except LeaseLost:
+            log.info("run %s: lease lost, another worker has it", self.run_id)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._stopped())
+            if self.stop == "shutdown":
+                raise
+        except Exception as exc:  # a bug or an unrecoverable failure: fail the run, keep the worker alive
+            log.exception("run %s failed", self.run_id)
+            try:
+                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "failed",
+                         error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+            except LeaseLost:
+                pass
+
+    async def _stopped(self) -> None:
+        self.cancel_event.set()
+        try:
+            if self.stop == "cancel":
+                if self.current_call:
+                    await db(journal.finish_call, self.env.db, self.run_id, self.env.owner, self.current_call,
+                             "cancelled", {"content": "cancelled", "is_error": True})
+                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "cancelled",
+                         stop_reason="cancelled")
+            elif self.stop == "pause":
+                await db(journal.park_run, self.env.db, self.run_id, self.env.owner, "paused", "user")
+        except LeaseLost:
+            pass
+
+    async def _advance(self) -> None:
+        while True:
+            state = await db(journal.load_state, self.env.db, self.run_id)
+            run = state.run
+            if run.lease_owner != self.env.owner or run.status != "running":
+                return
+            if run.cancel_requested:
+                self.stop = "cancel"
+                await self._stopped()
+                return
+            if run.pause_requested:
+                self.stop = "pause"
+                await self._stopped()
+                return
+            if run.deadline_at and datetime.now(timezone.utc) > run.deadline_at:
+                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
+                         stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
+                return
+            calls = state.open_calls()
+            if calls:
+                if not await self._run_calls(state, calls):
+                    return  # waiting for a human
+                continue
+            if not await self._model_step(state):
+                return
+
+    # ---- tools -----------------------------------------------------------------------------------------
+    async def _run_calls(self, state: RunState, calls) -> bool:
+        limits = state.spec.limits
+        for call in calls:
+            tool = self.env.tools.get(call.name)
+            if call.status == "waiting_approval":
+                return False  # an interrupt is open (a resolve queues the run again)
+            needs_human = None
+            if call.status == "running" and not (tool and tool.idempotent):
+                needs_human = "in_flight"  # cut off mid-call; running it again blindly could repeat its effect
+            elif call.status == "pending" and tool and tool.requires_approval:
+                needs_human = "approval"
+            if needs_human:
+                await db(control.open_interrupt, self.env.db, self.run_id, self.env.owner, call, needs_human,
+                         limits.approval_ttl_s, limits.approval_expiry_decision)
+                return False
+            await self._execute(state, call, tool)
+        return True
+
+    async def _execute(self, state: RunState, call, tool: Tool | None) -> None:
+        env = self.env
+        self.current_call = call.id
+        await db(journal.mark_call_running, env.db, self.run_id, env.owner, call.id, call.arguments_json)
+        if tool is None:
+            result = ToolResult(f"unknown tool {call.name!r}; available: {', '.join(sorted(env.tools))}",
+                                is_error=True)
+        else:
+            try:
+                args = json.loads(call.arguments_json or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("arguments must be a JSON object")
+            except ValueError as exc:
+                result = ToolResult(f"arguments are not a valid JSON object: {exc}", is_error=True)
+            else:
+                result = await self._call_with_retries(state, call, tool, args)
+        artifacts = self._save_artifacts(call.id, result)
+        status = "failed" if result.is_error else "completed"
+        payload = {"content": result.content, "data": result.data, "is_error": result.is_error}
+        await db(journal.finish_call, env.db, self.run_id, env.owner, call.id, status, payload, artifacts)
+        self.current_call = None
+
+    async def _call_with_retries(self, state: RunState, call, tool: Tool, args: dict) -> ToolResult:
+        workspace = self.env.data_dir / "runs" / self.run_id / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        ctx = ToolContext(run_id=self.run_id, call_id=call.id, idempotency_key=call.idempotency_key,
+                          workspace=workspace, attachments=json.loads(state.run.attachments_json or "{}"),
+                          cancel=self.cancel_event, sandbox=self.env.sandbox)
+        delay = state.spec.limits.retry_backoff_s
+        for attempt in range(tool.retries + 1):
+            try:
+                return await asyncio.wait_for(tool.call(args, ctx), tool.timeout_s)
+            except (asyncio.TimeoutError, TransientToolError) as exc:
+                reason = f"timed out after {tool.timeout_s:g}s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+                if attempt == tool.retries:
+                    return ToolResult(f"{call.name} failed: {reason}", is_error=True)
+                await self.env.sleep(min(delay * 2 ** attempt, 60))
+            except ToolError as exc:
+                return ToolResult(str(exc), is_error=True)
+        raise AssertionError("unreachable")
+
+    def _save_artifacts(self, call_id: str, result: ToolResult) -> list[dict]:
+        saved = []
+        for artifact in result.artifacts:
+            rel = Path("runs") / self.run_id / "artifacts" / f"{call_id}-{Path(artifact.name).name}"
+            (self.env.data_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.env.data_dir / rel).write_bytes(artifact.data)
+            saved.append({"name": artifact.name, "mime": artifact.mime, "bytes": len(artifact.data),
+                          "sha256": hashlib.sha256(artifact.data).hexdigest(), "path": str(rel)})
+        return saved
+
+    # ---- model -----------------------------------------------------------------------------------------
+    async def _model_step(self, state: RunState) -> bool:
+        env, limits, run = self.env, state.spec.limits, state.run
+        messages = build_messages(state)
+        if needs_compaction(state, messages):
+            summary, through = summarize(state)
+            await db(journal.record_compaction, env.db, self.run_id, env.owner, state.next_seq, summary, through)
+            return True  # rebuild from the journal with the summary in place
+        wrap_up = run.step_count >= limits.max_steps - 1
+        tools = [] if wrap_up else [openai_schema(env.tools[n]) for n in state.spec.tools if n in env.tools]
+        if wrap_up:
+            messages = messages + [{"role": "user", "content": WRAP_UP}]
+        if self._over_budget(state, messages):
+            await db(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+            return False
+        step = await db(journal.begin_step, env.db, self.run_id, env.owner, state.next_seq
+                        if state.open_step is None else state.open_step.seq, "model", input_hash(messages, tools))
+        try:
+            completion = await self._chat(state, messages, tools)
+        except ModelFailed as exc:
+            await db(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
+                     stop_reason="model_error")
+            return False
+        message = completion.to_message()
+        if wrap_up:
+            message.pop("tool_calls", None)
+        cost = env.price(state.spec.model, completion.usage)
+        calls = await db(journal.complete_model_step, env.db, self.run_id, env.owner, step.id, message,
+                         completion.usage, cost, set(env.tools))
+        if not calls:
+            await db(journal.finish_run, env.db, self.run_id, env.owner, "succeeded", result=completion.text,
+                     stop_reason="max_steps" if wrap_up else "final_answer")
+            return False
+        return True
+
+    def _over_budget(self, state: RunState, messages: list[dict]) -> bool:
+        run, limits = state.run, state.spec.limits
+        estimate = Usage(prompt_tokens=estimate_tokens(messages), cached_tokens=0, completion_tokens=limits.max_tokens)
+        used = run.prompt_tokens + run.completion_tokens
+        if run.token_budget is not None and used + estimate.total_tokens > run.token_budget:
+            return True
+        if run.cost_budget_u is not None and run.cost_u + self.env.price(state.spec.model, estimate) > run.cost_budget_u:
+            return True
+        return False
+
+    async def _chat(self, state: RunState, messages: list[dict], tools: list[dict]):
+        from mainspring.models import UpstreamError
+
+        limits = state.spec.limits
+        model = self.env.models(state.spec.model)
+        last = ""
+        for attempt in range(limits.model_retries + 1):
+            try:
+                return await asyncio.wait_for(
+                    model.chat(messages, tools=tools or None, max_tokens=limits.max_tokens,
+                               temperature=state.spec.temperature), limits.step_timeout_s)
+            except asyncio.TimeoutError:
+                last = f"model call timed out after {limits.step_timeout_s:g}s"
+            except UpstreamError as exc:
+                if exc.status is not None and exc.status < 500 and exc.status != 429:
+                    raise ModelFailed(str(exc)) from exc
+                last = str(exc)
+            except (ConnectionError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if attempt < limits.model_retries:
+                await db(self._note_retry, attempt + 1, last)
+                await self.env.sleep(min(limits.retry_backoff_s * 2 ** attempt, 60))
+        raise ModelFailed(f"model failed after {limits.model_retries + 1} attempts: {last}")
+
+    def _note_retry(self, attempt: int, error: str) -> None:
+        from mainspring.store.db import session
+
+        with session(self.env.db) as s:
+            journal.event(s, self.run_id, "step.retry", attempt=attempt, error=error)

@@ -1,0 +1,117 @@
+"""A worker: claims runnable runs, drives each as an asyncio task, keeps their leases alive, relays cancel and
+pause to the loops, and lets expired approvals take their default. One per server process; several processes
+(or machines, on Postgres) can run workers against the same database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from mainspring.agents import control, leases
+from mainspring.agents.loop import LoopEnv, RunLoop, db
+from mainspring.agents.tools.base import Tool
+from mainspring.engine.outputs import Usage
+
+log = logging.getLogger("mainspring.agents")
+
+
+def list_price(prices_file: str | None = None) -> Callable[[str, Usage], int]:
+    """(model, usage) -> list-price micro-USD from the price sheet; models it does not list cost 0."""
+    from mainspring.billing.prices import PriceError, load_price_sheet, price
+    from mainspring.billing.usage import from_engine
+
+    sheet = load_price_sheet(prices_file or None)
+
+    def cost(model: str, usage: Usage) -> int:
+        try:
+            return price(from_engine(usage, model), sheet).total_u
+        except PriceError:
+            return 0
+
+    return cost
+
+
+class Worker:
+    def __init__(self, db_url: str, *, models: Callable[[str], Any], tools: Mapping[str, Tool], data_dir: Path,
+                 capacity: int = 64, lease_s: float = 30.0, poll_s: float = 0.2, sandbox: Any = None,
+                 price: Callable[[str, Usage], int] | None = None, sleep: Callable[[float], Any] = asyncio.sleep):
+        self.owner = leases.new_owner()
+        self.env = LoopEnv(db=db_url, owner=self.owner, models=models, tools=tools, data_dir=data_dir,
+                           price=price or list_price(), sandbox=sandbox, sleep=sleep)
+        self.capacity, self.lease_s, self.poll_s = capacity, lease_s, poll_s
+        self.loops: dict[str, tuple[RunLoop, asyncio.Task]] = {}
+        self._wake = asyncio.Event()
+        self._main: asyncio.Task | None = None
+        self._last_beat = 0.0
+
+    async def start(self) -> None:
+        self._main = asyncio.create_task(self._run(), name="agent-worker")
+
+    def notify(self) -> None:
+        """Something became runnable (a new run, a resolved interrupt): look now rather than at the next poll."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop driving runs; their journals stay as they are and the next worker picks them up."""
+        if self._main:
+            self._main.cancel()
+        for loop, task in list(self.loops.values()):
+            loop.stop = "shutdown"
+            task.cancel()
+        await asyncio.gather(*(t for _, t in self.loops.values()), self._main or asyncio.sleep(0),
+                             return_exceptions=True)
+        self.loops.clear()
+
+    def interrupt(self, run_id: str, order: str) -> bool:
+        """Cut the step in flight of a run this worker drives (order: cancel | pause)."""
+        entry = self.loops.get(run_id)
+        if entry is None:
+            return False
+        loop, task = entry
+        loop.stop = order
+        task.cancel()
+        return True
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._tick(loop.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database hiccup must not kill the worker
+                log.exception("agent worker tick failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _tick(self, t: float) -> None:
+        for run_id in [r for r, (_, task) in self.loops.items() if task.done()]:
+            del self.loops[run_id]
+        if self.loops and t - self._last_beat >= min(self.lease_s / 3, 1.0):
+            self._last_beat = t
+            orders = await db(leases.heartbeat, self.env.db, self.owner, list(self.loops), self.lease_s)
+            for run_id, order in orders.items():
+                self.interrupt(run_id, order)
+        await db(control.expire_due, self.env.db)
+        for run_id, recovered in await db(leases.claim, self.env.db, self.owner, self.capacity - len(self.loops),
+                                          self.lease_s):
+            if recovered:
+                log.info("run %s: recovered after its worker died", run_id)
+            run_loop = RunLoop(self.env, run_id)
+            self.loops[run_id] = (run_loop, asyncio.create_task(run_loop.drive(), name=f"run-{run_id}"))
+
+    async def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until no run is being driven (tests, shutdown)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.loops:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"runs still active: {sorted(self.loops)}")
+            await asyncio.gather(*(t for _, t in list(self.loops.values())), return_exceptions=True)
+            await asyncio.sleep(0)
+            for run_id in [r for r, (_, task) in self.loops.items() if task.done()]:
+                del self.loops[run_id]
