@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     sandbox_bwrap: str = Field("", description="path to bwrap; empty = found on PATH")
     sandbox_insecure_local: bool = Field(False, description="DEVELOPMENT ONLY: run sandbox jobs without isolation")
 
+    agent_max_runs: int = Field(64, ge=1, description="agent runs one server process drives at once")
+    agent_lease_s: float = Field(30.0, gt=0, description="a worker's lease on a run; renewed every third of it")
+    agent_http_fetch: bool = Field(False, description="offer the http_fetch tool to agents (off: no egress)")
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:
