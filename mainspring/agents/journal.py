@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -42,6 +43,16 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
+@contextmanager
+def tx(db: str | Session) -> Iterator[Session]:
+    """A write transaction, or the caller's when given a Session (several journal writes, one commit)."""
+    if isinstance(db, Session):
+        yield db
+    else:
+        with session(db) as s:
+            yield s
+
+
 def event(s: Session, run_id: str, type_: str, **data: Any) -> None:
     s.add(EventRow(run_id=run_id, type=type_, data_json=json.dumps(data, default=str)))
 
@@ -57,7 +68,6 @@ def fenced(s: Session, run_id: str, owner: str) -> RunRow:
     run = get_run(s, run_id)
     if run.lease_owner != owner or run.status != "running":
         raise LeaseLost(run_id)
-    run.updated_at = now()
     return run
 
 
@@ -116,7 +126,7 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
 def finish_run(db: str, run_id: str, owner: str, status: str, *, result: str | None = None,
                error: str | None = None, stop_reason: str | None = None) -> None:
     assert status in TERMINAL
-    with session(db) as s:
+    with tx(db) as s:
         run = fenced(s, run_id, owner)
         _finish(s, run, status, result=result, error=error, stop_reason=stop_reason)
 
@@ -132,7 +142,7 @@ def _finish(s: Session, run: RunRow, status: str, *, result=None, error=None, st
 
 def park_run(db: str, run_id: str, owner: str, status: str, reason: str | None) -> None:
     """Stop driving a run that waits (approval) or is paused (budget, user); the lease is released."""
-    with session(db) as s:
+    with tx(db) as s:
         run = fenced(s, run_id, owner)
         run.status, run.pause_reason = status, reason
         run.lease_owner, run.lease_expires_at, run.pause_requested = None, None, False
@@ -179,7 +189,7 @@ def load_state(db: str, run_id: str) -> RunState:
 
 def begin_step(db: str, run_id: str, owner: str, seq: int, kind: str, input_hash: str) -> StepRow:
     """A step is journaled before the model is called; a re-run after a crash reuses the started row."""
-    with session(db) as s:
+    with tx(db) as s:
         fenced(s, run_id, owner)
         step = s.scalars(select(StepRow).where(StepRow.run_id == run_id, StepRow.seq == seq)).first()
         if step is None:
@@ -194,9 +204,9 @@ def begin_step(db: str, run_id: str, owner: str, seq: int, kind: str, input_hash
 
 
 def complete_model_step(db: str, run_id: str, owner: str, step_id: str, message: dict, usage: Any,
-                        cost_u: int, known_tools: set[str]) -> list[ToolCallRow]:
+                        cost_u: int, known_tools: set[str]) -> tuple[StepRow, list[ToolCallRow], RunRow]:
     """Record the model's answer and the tool calls it asks for (pending), with usage and cost, atomically."""
-    with session(db) as s:
+    with tx(db) as s:
         run = fenced(s, run_id, owner)
         step = s.get(StepRow, step_id)
         calls = []
@@ -212,6 +222,7 @@ def complete_model_step(db: str, run_id: str, owner: str, step_id: str, message:
         step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         step.cached_tokens, step.cost_u = usage.cached_tokens, cost_u
         run.step_count += 1
+        run.updated_at = now()
         run.prompt_tokens += usage.prompt_tokens
         run.completion_tokens += usage.completion_tokens
         run.cached_tokens += usage.cached_tokens
@@ -226,22 +237,24 @@ def complete_model_step(db: str, run_id: str, owner: str, step_id: str, message:
             "usage": {"prompt": usage.prompt_tokens, "completion": usage.completion_tokens,
                       "cached": usage.cached_tokens},
             "unknown_tools": sorted({c.name for c in calls} - known_tools)})
-        return calls
+        return step, calls, run
 
 
-def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, through_seq: int) -> None:
-    with session(db) as s:
+def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, through_seq: int) -> StepRow:
+    with tx(db) as s:
         fenced(s, run_id, owner)
-        s.add(StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind="compaction", status="completed",
+        step = StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind="compaction", status="completed",
                       output_json=json.dumps({"summary": summary, "through_seq": through_seq}), attempts=1,
-                      started_at=now(), finished_at=now()))
+                      started_at=now(), finished_at=now())
+        s.add(step)
         event(s, run_id, "context.compacted", seq=seq, through_seq=through_seq, chars=len(summary))
         audit.append(s, run_id, "context.compacted", {"seq": seq, "through_seq": through_seq, "summary": summary})
+        return step
 
 
 def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_json: str) -> int:
     """Journal 'about to run' before any side effect; returns the attempt number."""
-    with session(db) as s:
+    with tx(db) as s:
         fenced(s, run_id, owner)
         call = s.get(ToolCallRow, call_id)
         call.status, call.started_at = "running", now()
@@ -254,7 +267,7 @@ def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_
 
 def finish_call(db: str, run_id: str, owner: str, call_id: str, status: str, result: dict,
                 artifacts: list[dict] | None = None) -> None:
-    with session(db) as s:
+    with tx(db) as s:
         fenced(s, run_id, owner)
         call = s.get(ToolCallRow, call_id)
         call.status, call.finished_at, call.result_json = status, now(), json.dumps(result, default=str)

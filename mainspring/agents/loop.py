@@ -91,19 +91,18 @@ class RunLoop:
             pass
 
     async def _advance(self) -> None:
+        # The journal is read once per lease; after that the loop applies its own writes to this copy.
+        # Others' changes reach a running loop through the worker (cancel, pause, lost lease).
+        self.state = state = await db(journal.load_state, self.env.db, self.run_id)
+        run = state.run
+        if run.lease_owner != self.env.owner or run.status != "running":
+            return
+        if run.cancel_requested or run.pause_requested:
+            self.stop = "cancel" if run.cancel_requested else "pause"
+            await self._stopped()
+            return
         while True:
-            state = await db(journal.load_state, self.env.db, self.run_id)
             run = state.run
-            if run.lease_owner != self.env.owner or run.status != "running":
-                return
-            if run.cancel_requested:
-                self.stop = "cancel"
-                await self._stopped()
-                return
-            if run.pause_requested:
-                self.stop = "pause"
-                await self._stopped()
-                return
             if run.deadline_at and datetime.now(timezone.utc) > run.deadline_at:
                 await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
                          stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
@@ -138,7 +137,9 @@ class RunLoop:
     async def _execute(self, state: RunState, call, tool: Tool | None) -> None:
         env = self.env
         self.current_call = call.id
-        await db(journal.mark_call_running, env.db, self.run_id, env.owner, call.id, call.arguments_json)
+        call.attempts = await db(journal.mark_call_running, env.db, self.run_id, env.owner, call.id,
+                                 call.arguments_json)
+        call.status = "running"
         if tool is None:
             result = ToolResult(f"unknown tool {call.name!r}; available: {', '.join(sorted(env.tools))}",
                                 is_error=True)
@@ -155,6 +156,7 @@ class RunLoop:
         status = "failed" if result.is_error else "completed"
         payload = {"content": result.content, "data": result.data, "is_error": result.is_error}
         await db(journal.finish_call, env.db, self.run_id, env.owner, call.id, status, payload, artifacts)
+        call.status, call.result_json = status, json.dumps(payload, default=str)
         self.current_call = None
 
     async def _call_with_retries(self, state: RunState, call, tool: Tool, args: dict) -> ToolResult:
@@ -192,17 +194,21 @@ class RunLoop:
         messages = build_messages(state)
         if needs_compaction(state, messages):
             summary, through = summarize(state)
-            await db(journal.record_compaction, env.db, self.run_id, env.owner, state.next_seq, summary, through)
-            return True  # rebuild from the journal with the summary in place
+            state.steps.append(await db(journal.record_compaction, env.db, self.run_id, env.owner, state.next_seq,
+                                        summary, through))
+            return True  # rebuild the messages with the summary in place
         wrap_up = run.step_count >= limits.max_steps - 1
         tools = [] if wrap_up else [openai_schema(env.tools[n]) for n in state.spec.tools if n in env.tools]
         if wrap_up:
             messages = messages + [{"role": "user", "content": WRAP_UP}]
         if self._over_budget(state, messages):
-            await db(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
-            return False
-        step = await db(journal.begin_step, env.db, self.run_id, env.owner, state.next_seq
-                        if state.open_step is None else state.open_step.seq, "model", input_hash(messages, tools))
+            state.run = await db(self._fresh_run)  # the budget may have been raised meanwhile
+            if self._over_budget(state, messages):
+                await db(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+                return False
+        step = state.open_step = await db(journal.begin_step, env.db, self.run_id, env.owner, state.next_seq
+                                          if state.open_step is None else state.open_step.seq, "model",
+                                          input_hash(messages, tools))
         try:
             completion = await self._chat(state, messages, tools)
         except ModelFailed as exc:
@@ -213,8 +219,11 @@ class RunLoop:
         if wrap_up:
             message.pop("tool_calls", None)
         cost = env.price(state.spec.model, completion.usage)
-        calls = await db(journal.complete_model_step, env.db, self.run_id, env.owner, step.id, message,
-                         completion.usage, cost, set(env.tools))
+        step, calls, state.run = await db(journal.complete_model_step, env.db, self.run_id, env.owner, step.id,
+                                          message, completion.usage, cost, set(env.tools))
+        state.steps.append(step)
+        state.calls[step.id] = calls
+        state.open_step = None
         if not calls:
             await db(journal.finish_run, env.db, self.run_id, env.owner, "succeeded", result=completion.text,
                      stop_reason="max_steps" if wrap_up else "final_answer")
@@ -254,6 +263,12 @@ class RunLoop:
                 await db(self._note_retry, attempt + 1, last)
                 await self.env.sleep(min(limits.retry_backoff_s * 2 ** attempt, 60))
         raise ModelFailed(f"model failed after {limits.model_retries + 1} attempts: {last}")
+
+    def _fresh_run(self):
+        from mainspring.store.db import session
+
+        with session(self.env.db, readonly=True) as s:
+            return journal.get_run(s, self.run_id)
 
     def _note_retry(self, attempt: int, error: str) -> None:
         from mainspring.store.db import session

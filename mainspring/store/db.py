@@ -81,10 +81,27 @@ def dispose_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+        _factories.clear()
 
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+_factories: dict[tuple[Engine, bool], sessionmaker] = {}
+
+
+def factory_for(engine: Engine, readonly: bool) -> sessionmaker:
+    """One sessionmaker per engine and mode: building `execution_options` engines per session copies event
+    listeners and cost milliseconds a transaction."""
+    key = (engine, readonly)
+    factory = _factories.get(key)
+    if factory is None:
+        bind = engine
+        if is_sqlite(engine):
+            bind = engine.execution_options(sqlite_begin="DEFERRED" if readonly else "IMMEDIATE")
+        factory = _factories[key] = sessionmaker(bind=bind, expire_on_commit=False)
+    return factory
 
 
 @contextmanager
@@ -96,10 +113,7 @@ def session(bind: Engine | str | None = None, *, readonly: bool = False) -> Iter
     Objects stay readable after the block (expire_on_commit=False).
     """
     engine = bind if isinstance(bind, Engine) else get_engine(bind)
-    if is_sqlite(engine):
-        engine = engine.execution_options(sqlite_begin="DEFERRED" if readonly else "IMMEDIATE")
-    factory = sessionmaker(bind=engine, expire_on_commit=False)
-    with factory() as s:
+    with factory_for(engine, readonly)() as s:
         with s.begin():
             yield s
 
