@@ -58,7 +58,7 @@ class AgentRuntime:
         self.db = db_url or settings.resolved_database_url()
         init_db(self.db)
         self.tools = dict(tools if tools is not None else default_tools(settings))
-        if sandbox is None and any(getattr(t, "needs_sandbox", False) for t in self.tools.values()):
+        if sandbox is None:  # cheap until a job runs: the host is checked on first use
             from mainspring.sandbox import get_sandbox
 
             sandbox = get_sandbox()

@@ -1,0 +1,43 @@
+"""Cancelling a run stops its in-flight tool call, down to the sandboxed process tree."""
+
+import asyncio
+import time
+
+from mainspring.agents.tools.code import python_tool
+from mainspring.config import Settings
+from tests.agents.conftest import TERMINAL, PolicyModel, make_runtime, spec, wait_status
+from tests.sandbox.conftest import TEST_SANDBOX_DIR, sandbox  # noqa: F401 (the fixture)
+from tests.sandbox.test_attacks import _processes_owned_by
+
+
+def test_cancel_kills_a_sandboxed_infinite_loop(tmp_path, db_url, sandbox):
+    tool = python_tool(Settings(sandbox_dir=TEST_SANDBOX_DIR))
+    model = PolicyModel(tool="python", args={"code": "while True:\n    pass\n"})
+    rt = make_runtime(tmp_path, db_url, model, {"python": tool})
+    rt.worker.env.sandbox = sandbox
+    rt.put_agent(spec(tools=("python",)))
+    run = rt.start_run("tester", "spin forever")
+
+    async def body():
+        await rt.start()
+        try:
+            while "tool.started" not in [e.type for e in rt.events(run.id)]:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # the job is spinning in its sandbox now
+            started = time.monotonic()
+            rt.act(run.id, "cancel")
+            done = await wait_status(rt, run.id, TERMINAL, timeout=20)
+            return done, time.monotonic() - started
+        finally:
+            await rt.stop()
+
+    done, took = asyncio.run(body())
+    assert done.status == "cancelled" and done.stop_reason == "cancelled" and took < 10
+    [call] = rt.steps(run.id)[0]["tool_calls"]
+    assert call["status"] == "cancelled"
+    if sandbox.host.is_root:
+        uids = {sandbox.settings.sandbox_uid_base + slot for slot in range(sandbox.slots)}
+        deadline = time.monotonic() + 5
+        while [p for p, state in _processes_owned_by(uids) if state != "Z"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p, state in _processes_owned_by(uids) if state != "Z"] == []
