@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     agent_max_runs: int = Field(64, ge=1, description="agent runs one server process drives at once")
     agent_lease_s: float = Field(30.0, gt=0, description="a worker's lease on a run; renewed every third of it")
     agent_http_fetch: bool = Field(False, description="offer the http_fetch tool to agents (off: no egress)")
+    agent_http_allow_private: bool = Field(False, description="let http_fetch reach loopback and private hosts")
+    agent_workspace_copy_mb: int = Field(32, ge=1, description="run workspace copied into each code tool job")
 
     @field_validator("data_dir")
     @classmethod
