@@ -1,4 +1,4 @@
-"""The `mainspring` command line: serve, up/down, chat, generate."""
+"""The `mainspring` command line: serve, up/down, chat, generate, keys, usage, sim, sandbox, run, runs, audit."""
 
 from __future__ import annotations
 
@@ -202,11 +202,15 @@ def down() -> None:
 def _register_subcommands() -> None:
     from mainspring.billing.cli import keys_app, sim, usage
     from mainspring.sandbox.cli import sandbox_app
+    from mainspring.agents.cli import audit_app, run_cmd, runs_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
     app.command("sim", help="replay a trace under prompt-cache policies: cost by scenario, advice")(sim)
     app.add_typer(sandbox_app, name="sandbox", help="run untrusted code isolated: run, check, profiles")
+    app.command("run", help="run an agent on a goal, showing its steps live")(run_cmd)
+    app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, resume, budget")
+    app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
 
 
 _register_subcommands()

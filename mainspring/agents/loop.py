@@ -53,6 +53,7 @@ class RunLoop:
     env: LoopEnv
     run_id: str
     stop: str | None = None  # set by the worker before it cancels us: cancel | pause | lost | shutdown
+    pause_at_boundary: bool = False  # a pause that lets the step in flight finish
     current_call: str | None = None
     cancel_event: Any = field(default=None)
 
@@ -103,6 +104,10 @@ class RunLoop:
             return
         while True:
             run = state.run
+            if self.pause_at_boundary:
+                self.stop = "pause"
+                await self._stopped()
+                return
             if run.deadline_at and datetime.now(timezone.utc) > run.deadline_at:
                 await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
                          stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
@@ -218,7 +223,8 @@ class RunLoop:
         message = completion.to_message()
         if wrap_up:
             message.pop("tool_calls", None)
-        cost = env.price(state.spec.model, completion.usage)
+        # the agent's name for its model when the sheet prices it ("default" is not), else the one that answered
+        cost = env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage)
         step, calls, state.run = await db(journal.complete_model_step, env.db, self.run_id, env.owner, step.id,
                                           message, completion.usage, cost, set(env.tools))
         state.steps.append(step)
@@ -236,7 +242,9 @@ class RunLoop:
         used = run.prompt_tokens + run.completion_tokens
         if run.token_budget is not None and used + estimate.total_tokens > run.token_budget:
             return True
-        if run.cost_budget_u is not None and run.cost_u + self.env.price(state.spec.model, estimate) > run.cost_budget_u:
+        served_as = getattr(self.env.models(state.spec.model), "model", None) or state.spec.model
+        estimate_u = self.env.price(state.spec.model, estimate) or self.env.price(served_as, estimate)
+        if run.cost_budget_u is not None and run.cost_u + estimate_u > run.cost_budget_u:
             return True
         return False
 

@@ -13,7 +13,7 @@ from mainspring.agents import audit, control, journal
 from mainspring.agents.journal import JournalError
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, InterruptRow, RunRow, StepRow,
-                                      ToolCallRow)
+                                      ThreadRow, ToolCallRow)
 from mainspring.agents.tools.base import Tool
 from mainspring.agents.worker import Worker, list_price
 from mainspring.config import Settings
@@ -77,6 +77,10 @@ class AgentRuntime:
         unknown = sorted(set(spec.tools) - set(self.tools))
         if unknown:
             raise JournalError(f"unknown tools {unknown}; available: {sorted(self.tools)}", status=400)
+        try:
+            self.worker.env.models(spec.model)  # an unknown model is refused now, not when a run fails later
+        except (KeyError, LookupError) as exc:
+            raise JournalError(f"unknown model {spec.model!r}", status=400) from exc
         return journal.put_agent(self.db, spec)
 
     def agent(self, name_or_id: str) -> AgentRow:
@@ -150,12 +154,19 @@ class AgentRuntime:
         return row
 
     def act(self, run_id: str, action: str, actor: str = "user") -> RunRow:
-        """cancel | pause | resume; cancel and pause also cut the step in flight when this process drives it."""
-        run = control.request(self.db, run_id, action, actor)
-        if action in ("cancel", "pause"):
-            self.worker.interrupt(run_id, action)
+        """cancel (cuts the step in flight, sandboxed jobs included) | interrupt (pause now, cutting the step
+        in flight) | pause (after the step in flight) | resume."""
+        control.request(self.db, run_id, "pause" if action == "interrupt" else action, actor)
+        if action in ("cancel", "pause", "interrupt"):
+            self.worker.interrupt(run_id, "cancel" if action == "cancel" else "pause", cut=action != "pause")
         self.worker.notify()
         return self.run(run_id)
+
+    def create_thread(self, metadata: dict | None = None) -> ThreadRow:
+        with session(self.db) as s:
+            row = ThreadRow(id=journal.new_id("thread"), metadata_json=json.dumps(metadata) if metadata else None)
+            s.add(row)
+            return row
 
     def raise_budget(self, run_id: str, *, token_budget: int | None = None, cost_budget_u: int | None = None,
                      actor: str = "user") -> RunRow:

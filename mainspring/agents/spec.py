@@ -10,14 +10,15 @@ DEFAULT_INSTRUCTIONS = (
     "You are a careful agent. Work towards the user's goal step by step. Call a tool when you need "
     "information or an action; when the goal is met, answer with the final result and call no tool."
 )
+TEN_YEARS_S = 10 * 365 * 24 * 3600  # bounds keep datetime arithmetic (deadlines, expiries) in range
 
 
 class AgentLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_steps: int = Field(50, ge=1, description="model steps; at the limit the agent is asked for a final answer")
-    max_wall_s: float = Field(24 * 3600, gt=0, description="from the run's start; past it the run is timed_out")
-    step_timeout_s: float = Field(300, gt=0, description="one model call")
+    max_wall_s: float = Field(24 * 3600, gt=0, le=TEN_YEARS_S, description="from the run's start; then timed_out")
+    step_timeout_s: float = Field(300, gt=0, le=24 * 3600, description="one model call")
     model_retries: int = Field(3, ge=0, description="retries of transient model failures (5xx, 429, timeouts)")
     retry_backoff_s: float = Field(1.0, ge=0, description="first retry delay; doubles, capped at 60 s")
     max_tokens: int = Field(512, ge=1, description="per model call")
@@ -25,7 +26,8 @@ class AgentLimits(BaseModel):
     cost_budget_usd: Optional[str] = Field(None, description="list-price USD, e.g. '0.50'; pauses the run")
     context_tokens: int = Field(6000, ge=256, description="past this estimate, old steps are compacted")
     keep_recent_steps: int = Field(4, ge=1, description="steps kept verbatim when compacting")
-    approval_ttl_s: Optional[float] = Field(7 * 24 * 3600, gt=0, description="pending approvals expire after this")
+    approval_ttl_s: Optional[float] = Field(7 * 24 * 3600, gt=0, le=TEN_YEARS_S,
+                                            description="pending approvals expire after this")
     approval_expiry_decision: Literal["reject", "approve"] = "reject"
 
 

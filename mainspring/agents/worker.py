@@ -45,13 +45,28 @@ class Worker:
         self._wake = asyncio.Event()
         self._main: asyncio.Task | None = None
         self._last_beat = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._main = asyncio.create_task(self._run(), name="agent-worker")
+
+    def _soon(self, fn, *args) -> None:
+        """Run `fn` on the worker's event loop: callers may be request threads."""
+        if self._loop is None or self._loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def notify(self) -> None:
         """Something became runnable (a new run, a resolved interrupt): look now rather than at the next poll."""
-        self._wake.set()
+        self._soon(self._wake.set)
 
     async def stop(self) -> None:
         """Stop driving runs; their journals stay as they are and the next worker picks them up."""
@@ -64,15 +79,21 @@ class Worker:
                              return_exceptions=True)
         self.loops.clear()
 
-    def interrupt(self, run_id: str, order: str) -> bool:
-        """Cut the step in flight of a run this worker drives (order: cancel | pause)."""
+    def interrupt(self, run_id: str, order: str, cut: bool = True) -> None:
+        """Stop a run this worker drives (order: cancel | pause): at once, cutting the step in flight, or
+        (cut=False) at its next step boundary."""
+        self._soon(self._interrupt, run_id, order, cut)
+
+    def _interrupt(self, run_id: str, order: str, cut: bool) -> None:
         entry = self.loops.get(run_id)
         if entry is None:
-            return False
+            return
         loop, task = entry
+        if not cut:
+            loop.pause_at_boundary = True
+            return
         loop.stop = order
         task.cancel()
-        return True
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -95,8 +116,8 @@ class Worker:
         if self.loops and t - self._last_beat >= min(self.lease_s / 3, 1.0):
             self._last_beat = t
             orders = await db(leases.heartbeat, self.env.db, self.owner, list(self.loops), self.lease_s)
-            for run_id, order in orders.items():
-                self.interrupt(run_id, order)
+            for run_id, order in orders.items():  # flags set by another process; pauses wait for the boundary
+                self._interrupt(run_id, order, cut=order != "pause")
         await db(control.expire_due, self.env.db)
         for run_id, recovered in await db(leases.claim, self.env.db, self.owner, self.capacity - len(self.loops),
                                           self.lease_s):

@@ -1,4 +1,4 @@
-"""The HTTP app factory: /health, the OpenAI-compatible /v1 routes and Anthropic's /v1/messages."""
+"""The HTTP app factory: /health, the OpenAI-compatible /v1 routes, Anthropic's /v1/messages and the agent runtime."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from mainspring.api.upstream import Upstreams
 from mainspring.config import Settings, get_settings
 
 
-def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
-    """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup."""
+def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None) -> FastAPI:
+    """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup. `agent_models` (model
+    name -> ChatModel) and `agent_tools` (name -> Tool) replace the agent runtime's defaults (tests)."""
     settings = settings or get_settings()
 
     owns_engine = engine is None  # an engine given by the caller is the caller's to close
@@ -34,7 +35,12 @@ def create_app(settings: Settings | None = None, engine=None) -> FastAPI:
 
         app.state.batch_runner = BatchRunner(app)
         await app.state.batch_runner.start()
+        from mainspring.agents.runtime import AgentRuntime, app_models  # needs the engine, stopped before it
+
+        app.state.agents = AgentRuntime(settings, models=agent_models or app_models(app), tools=agent_tools)
+        await app.state.agents.start()
         yield
+        await app.state.agents.stop()
         await app.state.batch_runner.stop()
         await app.state.upstreams.aclose()
         if owns_engine:

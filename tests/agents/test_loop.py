@@ -130,7 +130,9 @@ def test_long_histories_are_compacted_with_the_prefix_unchanged(tmp_path, db_url
     assert max(len(json.dumps(m)) for m in model.seen) < 3 * len(json.dumps(model.seen[0])) + 2000
 
 
-def test_pause_mid_tool_then_resume_reruns_an_idempotent_call_once(tmp_path, db_url):
+@pytest.mark.parametrize("action, calls", [("interrupt", 2), ("pause", 1)])
+def test_interrupt_or_pause_mid_tool_then_resume(tmp_path, db_url, action, calls):
+    """interrupt cuts the call in flight (an idempotent call re-runs on resume, one effect); pause lets it finish."""
     tool = CountTool(tmp_path / "ledger", delay_s=1.0)
     rt = make_runtime(tmp_path, db_url, PolicyModel(), {"count": tool})
     rt.put_agent(spec())
@@ -139,14 +141,14 @@ def test_pause_mid_tool_then_resume_reruns_an_idempotent_call_once(tmp_path, db_
     async def body():
         while not tool.calls:
             await asyncio.sleep(0.02)
-        rt.act(run.id, "pause")
+        rt.act(run.id, action)
         paused = await wait_status(rt, run.id, {"paused"})
         assert paused.pause_reason == "user"
         rt.act(run.id, "resume")
         return await wait_status(rt, run.id, TERMINAL)
 
     done = drive(rt, body)
-    assert done.status == "succeeded" and len(tool.calls) == 2  # cut off once, run again once
+    assert done.status == "succeeded" and len(tool.calls) == calls
     assert (tmp_path / "ledger").read_text().split() == [f"{run.id}/1/0"]  # one effect: same idempotency key
 
 
