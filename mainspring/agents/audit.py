@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from mainspring.agents.tables import AuditRow
@@ -38,7 +38,8 @@ def append(s: Session, run_id: str, kind: str, payload: Any) -> AuditRow:
     body = canonical(payload)
     row = AuditRow(run_id=run_id, seq=seq, kind=kind, payload_json=body, created_at=created, prev_hash=prev,
                    hash=entry_hash(prev, kind, created, body))
-    s.add(row)
+    s.execute(insert(AuditRow.__table__), [{"run_id": run_id, "seq": seq, "kind": kind, "payload_json": body,
+                                  "created_at": created, "prev_hash": prev, "hash": row.hash}])
     return row
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from mainspring.agents import audit
@@ -54,7 +54,9 @@ def tx(db: str | Session) -> Iterator[Session]:
 
 
 def event(s: Session, run_id: str, type_: str, **data: Any) -> None:
-    s.add(EventRow(run_id=run_id, type=type_, data_json=json.dumps(data, default=str)))
+    # Core inserts on the hot path: the ORM's unit of work costs more than the SQL itself
+    s.execute(insert(EventRow.__table__), [{"run_id": run_id, "type": type_, "data_json": json.dumps(data, default=str),
+                                  "created_at": now()}])
 
 
 def get_run(s: Session, run_id: str) -> RunRow:
@@ -69,6 +71,13 @@ def fenced(s: Session, run_id: str, owner: str) -> RunRow:
     if run.lease_owner != owner or run.status != "running":
         raise LeaseLost(run_id)
     return run
+
+
+def check_lease(s: Session, run_id: str, owner: str) -> None:
+    """`fenced` without loading the run (the hot path only needs the check)."""
+    row = s.execute(select(RunRow.lease_owner, RunRow.status).where(RunRow.id == run_id)).first()
+    if row is None or row.lease_owner != owner or row.status != "running":
+        raise LeaseLost(run_id)
 
 
 # ---- agents, threads, runs ---------------------------------------------------------------------------
@@ -190,15 +199,20 @@ def load_state(db: str, run_id: str) -> RunState:
 def begin_step(db: str, run_id: str, owner: str, seq: int, kind: str, input_hash: str) -> StepRow:
     """A step is journaled before the model is called; a re-run after a crash reuses the started row."""
     with tx(db) as s:
-        fenced(s, run_id, owner)
-        step = s.scalars(select(StepRow).where(StepRow.run_id == run_id, StepRow.seq == seq)).first()
-        if step is None:
+        check_lease(s, run_id, owner)
+        found = s.execute(select(StepRow.id, StepRow.attempts, StepRow.started_at)
+                          .where(StepRow.run_id == run_id, StepRow.seq == seq)).first()
+        if found is None:
             step = StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind=kind, status="started",
                            input_hash=input_hash, attempts=1, started_at=now())
-            s.add(step)
+            s.execute(insert(StepRow.__table__), [{c: getattr(step, c) for c in
+                                         ("id", "run_id", "seq", "kind", "status", "input_hash", "attempts",
+                                          "started_at")}])
         else:
-            step.attempts += 1
-            step.input_hash = input_hash
+            step = StepRow(id=found.id, run_id=run_id, seq=seq, kind=kind, status="started", input_hash=input_hash,
+                           attempts=found.attempts + 1, started_at=found.started_at)
+            t = StepRow.__table__
+            s.execute(update(t).where(t.c.id == found.id).values(attempts=step.attempts, input_hash=input_hash))
         event(s, run_id, "step.started", step_id=step.id, seq=seq, kind=kind, attempt=step.attempts)
         return step
 
@@ -255,11 +269,11 @@ def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, 
 def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_json: str) -> int:
     """Journal 'about to run' before any side effect; returns the attempt number."""
     with tx(db) as s:
-        fenced(s, run_id, owner)
-        call = s.get(ToolCallRow, call_id)
-        call.status, call.started_at = "running", now()
-        call.arguments_json = arguments_json
-        call.attempts += 1
+        check_lease(s, run_id, owner)
+        t = ToolCallRow.__table__
+        s.execute(update(t).where(t.c.id == call_id).values(
+            status="running", started_at=now(), arguments_json=arguments_json, attempts=t.c.attempts + 1))
+        call = s.execute(select(ToolCallRow.name, ToolCallRow.attempts).where(ToolCallRow.id == call_id)).one()
         event(s, run_id, "tool.started", call_id=call_id, name=call.name, arguments=arguments_json,
               attempt=call.attempts)
         return call.attempts
@@ -268,9 +282,12 @@ def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_
 def finish_call(db: str, run_id: str, owner: str, call_id: str, status: str, result: dict,
                 artifacts: list[dict] | None = None) -> None:
     with tx(db) as s:
-        fenced(s, run_id, owner)
-        call = s.get(ToolCallRow, call_id)
-        call.status, call.finished_at, call.result_json = status, now(), json.dumps(result, default=str)
+        check_lease(s, run_id, owner)
+        t = ToolCallRow.__table__
+        s.execute(update(t).where(t.c.id == call_id).values(
+            status=status, finished_at=now(), result_json=json.dumps(result, default=str)))
+        call = s.execute(select(ToolCallRow.name, ToolCallRow.arguments_json, ToolCallRow.idempotency_key,
+                                ToolCallRow.attempts).where(ToolCallRow.id == call_id)).one()
         for a in artifacts or []:
             s.add(ArtifactRow(id=new_id("art"), run_id=run_id, **a))
         event(s, run_id, "tool.finished", call_id=call_id, name=call.name, status=status,
