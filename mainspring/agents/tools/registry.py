@@ -65,7 +65,8 @@ class ToolRegistry:
 
 
 def builtin_registry(settings: Settings | None = None, enable_http: bool = False) -> ToolRegistry:
-    """python, shell, search, sql, files; and http_fetch only when `enable_http` (off by default)."""
+    """python, shell, search, sql, files, the 3D scenario's scene_validate and scene_render; and http_fetch only
+    when `enable_http` (off by default)."""
     # Imported here so that `import registry` stays light (search pulls in torch and bm25s lazily anyway).
     from mainspring.agents.tools.code import python_tool, shell_tool
     from mainspring.agents.tools.files import files_tool
@@ -75,6 +76,10 @@ def builtin_registry(settings: Settings | None = None, enable_http: bool = False
     settings = settings or get_settings()
     registry = ToolRegistry([python_tool(settings), shell_tool(settings), search_tool(settings), sql_tool(settings),
                              files_tool(settings)])
+    from mainspring.scenarios.scene3d.tools import scene_tools
+
+    for scene_tool in scene_tools():
+        registry.register(scene_tool)
     if enable_http:
         from mainspring.agents.tools.http_fetch import http_fetch_tool
 

@@ -45,10 +45,12 @@ def test_plain_functions_are_wrapped_and_non_tools_refused():
 
 
 def test_builtin_registry_has_http_fetch_only_when_enabled(settings):
-    assert builtin_registry(settings).names() == ["python", "shell", "search", "sql", "files"]
+    assert builtin_registry(settings).names() == ["python", "shell", "search", "sql", "files", "scene_validate",
+                                                  "scene_render"]
     enabled = builtin_registry(settings, enable_http=True)
     assert enabled.names()[-1] == "http_fetch"
     flags = {t.name: (t.idempotent, t.requires_approval) for t in enabled}
     assert flags == {"python": (False, False), "shell": (False, False), "search": (True, False),
-                     "sql": (True, False), "files": (False, False), "http_fetch": (True, False)}
+                     "sql": (True, False), "files": (False, False), "scene_validate": (True, False),
+                     "scene_render": (True, False), "http_fetch": (True, False)}
     assert enabled.get("python").timeout_s == 30 + 30  # the python profile's wall time plus the margin

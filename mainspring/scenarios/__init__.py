@@ -1,0 +1,1 @@
+"""Scenario packs: agent recipes, data sets and evaluations per domain (scene3d, ...)."""
