@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(64, ge=1, description="most requests running at once")
     max_model_len: int = Field(0, ge=0, description="context limit; 0 = the model's own")
     enable_prefix_caching: bool = True
+    quantization: str = Field("", description="weights of the standard engine: '' (fp32) or 'int4'")
+    speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3'")
+    fast_variant: bool = Field(True, description="serve '<model>-fast' on its own int4 + speculative engine")
+    fast_speculative: str = Field("ngram:k=5,n=3", description="speculative decoding of the -fast engine")
 
     database_url: str = Field("", description="SQLAlchemy URL; empty = sqlite:///<data_dir>/mainspring.db")
     prices_file: str = Field("", description="price sheet YAML; empty = the built-in sheet")

@@ -27,9 +27,17 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     async def lifespan(app: FastAPI):
         if app.state.engine is None:
             from mainspring.engine.async_engine import AsyncLLMEngine
+            from mainspring.engine.config import EngineConfig
             from mainspring.engine.engine import LLMEngine
+            from mainspring.engine.loader import load_model
 
-            app.state.engine = AsyncLLMEngine(LLMEngine.from_settings(settings))
+            loaded = load_model(settings.model, settings.cache_dir)  # one load shared by both engines
+            app.state.engine = AsyncLLMEngine(LLMEngine(loaded, EngineConfig.from_settings(settings)))
+            if settings.fast_variant:  # "<model>-fast": int4 weights + speculative decoding, same tokenizer
+                from mainspring.engine.fast_variant import build_fast_engine
+
+                app.state.fast_engine = AsyncLLMEngine(
+                    build_fast_engine(settings, loaded, settings.fast_speculative or None))
         app.state.started = time.time()
         from mainspring.api.batch_runner import BatchRunner  # needs the engine: started here, stopped first
 
@@ -45,9 +53,12 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
         await app.state.upstreams.aclose()
         if owns_engine:
             app.state.engine.close()
+            if app.state.fast_engine is not None:
+                app.state.fast_engine.close()
 
     app = FastAPI(title="Mainspring", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.fast_engine = None  # without its own engine, "-fast" is served by the standard one
     app.state.settings = settings
     app.state.economics = Economics(settings)
     app.state.trace_recorder = TraceRecorder(settings.record_trace) if settings.record_trace else None

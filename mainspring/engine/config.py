@@ -47,3 +47,29 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     threads: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # weight quantization (engine/quant.py), fp32 when None; "int4": group-wise int4 weight-only
+    # linears, quantized once and cached under Settings().cache_dir/quant
+    quantization: str | None = None
+    quant_group_size: int = 32  # see quant.DEFAULT_GROUP_SIZE
+    # speculative decoding (engine/speculative.py), off when None: {"method": "ngram", "k": 10, "n": 3}
+    # or {"method": "draft", "layers": 20, "k": 4} (the values shown are the defaults)
+    speculative: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, s: Any) -> "EngineConfig":
+        """The engine options the `Settings` (MAINSPRING_* variables) ask for."""
+        from mainspring.engine.speculative import parse_speculative  # it imports the model; config must not
+
+        return cls(
+            block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
+            enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
+            speculative=parse_speculative(getattr(s, "speculative", None)),
+            quantization=parse_quantization(getattr(s, "quantization", None)),
+        )
+
+
+def parse_quantization(value: str | None) -> str | None:
+    """The settings knob: "" / "none" / "fp32" -> None (fp32 weights); else the method, e.g. "int4"."""
+    value = (value or "").strip().lower()
+    return None if value in ("", "none", "fp32") else value

@@ -24,6 +24,8 @@ from mainspring.engine.params import SamplingParams
 from mainspring.engine.sampler import Sampler
 from mainspring.engine.scheduler import Scheduler
 from mainspring.engine.sequence import Sequence
+from mainspring.engine.quant_cache import quantize_for_engine
+from mainspring.engine.speculative import SpeculativeConfig, SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.model = CausalLM.from_weights(loaded.config, loaded.state_dict)
+        # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
+        self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
+                                                self.config.quant_group_size)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         bs = self.config.block_size
@@ -58,6 +63,11 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, bs)
         self.runner.warmup()
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        self.spec: SpeculativeDecoder | None = None
+        if self.config.speculative:
+            self.spec = SpeculativeDecoder(SpeculativeConfig.from_dict(self.config.speculative), self.sampler,
+                                           self.model, self.runner.kv_cache, bs)
+            self.scheduler.num_lookahead_tokens = self.spec.k
         log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d",
                  self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)
         self._requests: dict[str, _Request] = {}
@@ -73,11 +83,7 @@ class LLMEngine:
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **overrides) -> "LLMEngine":
         s = settings or get_settings()
-        config = EngineConfig(
-            block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
-            max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
-            enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
-        )
+        config = EngineConfig.from_settings(s)
         for k, v in overrides.items():
             if not hasattr(config, k):
                 raise TypeError(f"unknown engine option {k!r}")
@@ -103,6 +109,8 @@ class LLMEngine:
         # compiled before queueing: an invalid schema / regex / grammar rejects the request here
         matcher = self.grammar.compile(params) if params.guided else None
         seq = Sequence(request_id, ids, params, priority=priority, cache_salt=cache_salt)
+        if self.spec is not None and self.spec.supports(params):
+            seq.num_lookahead_tokens = self.spec.k
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, ids, params),
                                               [] if params.logprobs is not None else None, matcher=matcher)
@@ -130,18 +138,25 @@ class LLMEngine:
         ended = [self._end_outgrown(seq) for seq in sched.finished if seq.request_id in self._requests]
         if not sched.scheduled:
             return ended
+        if self.spec is not None and self.scheduler.num_lookahead_tokens:
+            self.spec.propose(sched.scheduled, self.max_model_len)
         logits, seqs = self.runner.execute(sched.scheduled)
-        sampled = self.sampler(logits, seqs, self._masks(seqs)) if seqs else None
-        new_tokens = {s.seq_id: t for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
+        if self.spec is not None and any(s.spec_token_ids for s in seqs):
+            new_tokens, raw_lps = self.spec.sample(logits, seqs, self._masks)
+        else:
+            sampled = self.sampler(logits, seqs, self._masks(seqs)) if seqs else None
+            new_tokens = {s.seq_id: [t] for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
+            raw_lps = {s.seq_id: [lp] for s, lp in zip(seqs, sampled.logprobs)} if sampled else {}
         self.scheduler.postprocess(sched, new_tokens)
         outputs = ended
-        for i, seq in enumerate(seqs):
+        for seq in seqs:
             req = self._requests.get(seq.request_id)
             if req is None:
                 continue
-            token = new_tokens[seq.seq_id]
-            lp = self._token_logprob(token, sampled.logprobs[i]) if req.logprobs is not None else None
-            outputs.append(self._advance(req, token, lp))
+            tokens = new_tokens[seq.seq_id]
+            lps = ([self._token_logprob(t, lp) for t, lp in zip(tokens, raw_lps[seq.seq_id])]
+                   if req.logprobs is not None else [None] * len(tokens))
+            outputs.append(self._advance(req, tokens, lps))
         return outputs
 
     def _masks(self, seqs: list[Sequence]) -> dict[int, GrammarMatcher] | None:
@@ -152,44 +167,52 @@ class LLMEngine:
                  if (r := reqs.get(s.request_id)) is not None and r.matcher is not None}
         return masks or None
 
-    def _advance(self, req: _Request, token: int, lp: TokenLogprob | None) -> RequestOutput:
+    def _advance(self, req: _Request, tokens: list[int], lps: list[TokenLogprob | None]) -> RequestOutput:
+        """Check the tokens postprocess just appended (one, or a run accepted by speculative
+        decoding) in order, each as if it had come alone; the ones after a stop are dropped."""
         seq, p = req.seq, req.seq.params
-        n_out = seq.num_output_tokens
-        eos = token in self.tokenizer.eos_token_ids
-        # A complete grammar ends the request ("stop") whatever min_tokens / ignore_eos say: nothing
-        # else may follow; an EOS that completes it is dropped from the text like any stop token.
-        # The mask only allows grammar tokens, so a rejected token means the matcher failed (e.g. a
-        # parser limit): end the request without the token's text rather than decode unconstrained.
-        grammar_end = rejected = False
-        if req.matcher is not None:
-            rejected = not req.matcher.accept(token)
-            if rejected:
-                log.warning("request %s: grammar rejected token %d (%s); stopping", seq.request_id, token,
-                            req.matcher.error)
-            grammar_end = req.matcher.is_terminated()
-        stop_token = (n_out >= p.min_tokens and (
-            token in p.stop_token_ids or (not p.ignore_eos and eos))) or (grammar_end and eos) or rejected
-        # like vLLM: a stop token's own text is not part of the output unless asked for
-        delta = req.detok.add(token) if not stop_token or p.include_stop_str_in_output else ""
-        if lp is not None:
-            req.logprobs.append(lp)
-        reason, stop = None, None
-        if stop_token:
-            reason, stop = "stop", (token if token in p.stop_token_ids else None)
-        elif req.detok.finished_by_stop:
-            reason, stop = "stop", req.detok.stop_reason
-        elif grammar_end:
-            reason = "stop"
-        elif n_out >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
+        first_out = seq.num_output_tokens - len(tokens)  # output tokens before this step
+        delta, reason, stop, kept = "", None, None, 0
+        for token, lp in zip(tokens, lps):
+            kept += 1
+            n_out = first_out + kept
+            eos = token in self.tokenizer.eos_token_ids
+            # A complete grammar ends the request ("stop") whatever min_tokens / ignore_eos say: nothing
+            # else may follow; an EOS that completes it is dropped from the text like any stop token.
+            # The mask only allows grammar tokens, so a rejected token means the matcher failed (e.g. a
+            # parser limit): end the request without the token's text rather than decode unconstrained.
+            grammar_end = rejected = False
+            if req.matcher is not None:
+                rejected = not req.matcher.accept(token)
+                if rejected:
+                    log.warning("request %s: grammar rejected token %d (%s); stopping", seq.request_id, token,
+                                req.matcher.error)
+                grammar_end = req.matcher.is_terminated()
+            stop_token = (n_out >= p.min_tokens and (
+                token in p.stop_token_ids or (not p.ignore_eos and eos))) or (grammar_end and eos) or rejected
+            # like vLLM: a stop token's own text is not part of the output unless asked for
+            delta += req.detok.add(token) if not stop_token or p.include_stop_str_in_output else ""
+            if lp is not None:
+                req.logprobs.append(lp)
+            if stop_token:
+                reason, stop = "stop", (token if token in p.stop_token_ids else None)
+            elif req.detok.finished_by_stop:
+                reason, stop = "stop", req.detok.stop_reason
+            elif grammar_end:
+                reason = "stop"
+            elif n_out >= p.max_tokens or seq.num_prompt_tokens + n_out >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
+            del seq.token_ids[seq.num_prompt_tokens + first_out + kept :]  # accepted past the stop
             if not req.detok.finished_by_stop:
                 delta += req.detok.flush()  # text held back in case it began a stop string
             seq.finish_reason, req.stop_reason = reason, stop
             self.scheduler.finish(seq, reason)
             self.sampler.free(seq.seq_id)
             del self._requests[seq.request_id]
-        return self._output(req, [token], delta, finished=reason is not None)
+        return self._output(req, tokens[:kept], delta, finished=reason is not None)
 
     def _end_outgrown(self, seq: Sequence) -> RequestOutput:
         """The scheduler ended `seq`: it grew past the whole KV pool (finish_reason "length")."""
@@ -239,6 +262,9 @@ class LLMEngine:
         return [final[i] for i in ids]
 
     def stats(self) -> dict:
-        return {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
-                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks}
+        out = {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
+               "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks}
+        if self.spec is not None:
+            out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
+        return out
 

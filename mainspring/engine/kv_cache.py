@@ -264,18 +264,34 @@ class BlockManager:
 
     # ---- decode ------------------------------------------------------------------------------
 
-    def _missing_blocks(self, seq: Sequence) -> int:
-        return max(0, self.blocks_needed(seq) - len(seq.block_table))
+    def _missing_blocks(self, seq: Sequence, num_lookahead: int = 0) -> int:
+        needed = (seq.num_tokens + num_lookahead + self.block_size - 1) // self.block_size
+        return max(0, needed - len(seq.block_table))
 
-    def can_append(self, seq: Sequence) -> bool:
-        """True if a slot exists (or can be made) for every token of `seq`, normally the newest."""
-        return self._missing_blocks(seq) <= len(self._free)
+    def can_append(self, seq: Sequence, num_lookahead: int = 0) -> bool:
+        """True if a slot exists (or can be made) for every token of `seq`, normally the newest,
+        plus `num_lookahead` slots after it (draft tokens of speculative decoding)."""
+        return self._missing_blocks(seq, num_lookahead) <= len(self._free)
 
-    def may_append(self, seq: Sequence) -> None:
-        missing = self._missing_blocks(seq)
+    def may_append(self, seq: Sequence, num_lookahead: int = 0) -> None:
+        missing = self._missing_blocks(seq, num_lookahead)
         if missing > len(self._free):
             raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_append first")
         seq.block_table.extend(self._pop_free() for _ in range(missing))
+
+    def free_lookahead(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq`'s last token: lookahead slots reserved for draft tokens
+        that were rejected. They were never full and computed, so never hashed; they go to the
+        head of the free queue, to be handed out before any block that still caches a prefix."""
+        keep = self.blocks_needed(seq)
+        for bid in reversed(seq.block_table[keep:]):
+            b = self.blocks[bid]
+            if b.ref_count != 1 or b.hash is not None:
+                raise RuntimeError(f"lookahead block {bid} is shared or cached")
+            b.ref_count = 0
+            self._free[bid] = None
+            self._free.move_to_end(bid, last=False)
+        del seq.block_table[keep:]
 
     def mark_computed(self, seq: Sequence, num_computed_tokens: int) -> None:
         """Register every block of `seq` that is full and computed up to `num_computed_tokens`.

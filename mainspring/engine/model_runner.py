@@ -34,7 +34,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Runs the step; returns logits of the sequences that sample, and those sequences."""
+        """Runs the step; returns logits of the sequences that sample, and those sequences.
+
+        A sequence verifying draft tokens (speculative decoding) is a prefill chunk of its last
+        token + drafts, causal over its context, and gets 1 + num_spec_tokens consecutive rows."""
         decodes = [s for s in scheduled if s.num_tokens == 1]
         prefills = [s for s in scheduled if s.num_tokens > 1]
         ids: list[int] = []
@@ -45,7 +48,7 @@ class ModelRunner:
             positions.append(pos)
         for s in prefills:
             start = s.seq.num_computed_tokens
-            ids.extend(s.seq.token_ids[start : start + s.num_tokens])
+            ids.extend(s.token_ids)
             positions.extend(range(start, start + s.num_tokens))
         meta = AttentionMetadata.build(
             [(s.seq.block_table, s.seq.num_computed_tokens + 1) for s in decodes],
@@ -62,7 +65,7 @@ class ModelRunner:
         for s in prefills:
             offset += s.num_tokens
             if s.samples:
-                rows.append(offset - 1)
+                rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
                 sampling.append(s.seq)
         if not rows:
             return torch.empty(0, self.model.config.vocab_size), []

@@ -150,6 +150,15 @@ class Sampler:
     # --- sampling -------------------------------------------------------------------------------
 
     def _sample(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> torch.Tensor:
+        return self.draw(self._probs(logits, rows, seqs), [seqs[r] for r in rows])
+
+    def probs(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
+        """The distribution each row samples from: softmax after temperature and top-k / top-p /
+        min-p, of logits that apply_penalties already processed. Every row must sample
+        (temperature >= _GREEDY_EPS). Speculative decoding verifies drafts against exactly this."""
+        return self._probs(logits, list(range(len(seqs))), seqs)
+
+    def _probs(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> torch.Tensor:
         dev = logits.device
         all_rows = len(rows) == logits.shape[0]
         x = logits if all_rows else logits[_index(rows, dev)]
@@ -174,21 +183,30 @@ class Sampler:
                 sub = x[f_idx]
                 _apply_filters(sub, [params[i] for i in f_rows])
                 x[f_idx] = sub
+        return torch.softmax(x, dim=-1)
 
+    def draw(self, probs: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
+        """One token per row of `probs` (consumed: divided in place), with each seeded row's noise
+        from its own generator: V uniforms per row, so a seeded sequence's tokens depend only on
+        its seed and its distributions."""
         # Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability p_i. Unlike
         # torch.multinomial over the batch, each row consumes exactly V draws from its own noise, so a
         # seeded row's tokens depend only on its generator, never on the other rows in the batch.
         # E = -log(U) is drawn by inversion (uniform_ + log_ is ~3x cheaper than exponential_ on CPU)
         # and kept as log(U) = -E, so argmax p/E = argmin p/log(U). U in [tiny, 1) keeps log(U)
         # finite and < 0: every p > 0 scores < 0 and every masked p = 0 scores 0, so is never chosen.
-        probs = torch.softmax(x, dim=-1)
+        dev = probs.device
         noise = torch.empty_like(probs)
-        seeded = [(i, seqs[r]) for i, r in enumerate(rows) if seqs[r].params.seed is not None]
-        if len(seeded) < len(rows):
+        seeded = [(i, s) for i, s in enumerate(seqs) if s.params.seed is not None]
+        if len(seeded) < len(seqs):
             noise.uniform_(_TINY, 1.0)  # unseeded rows share the global RNG
         for i, seq in seeded:
             noise[i].uniform_(_TINY, 1.0, generator=self._generator(seq, dev))
         return probs.div_(noise.log_()).argmin(dim=-1)
+
+    def generator(self, seq: Sequence, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """The seeded sequence's generator (None when unseeded: the global RNG)."""
+        return self._generator(seq, torch.device(device)) if seq.params.seed is not None else None
 
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
         gen = self._generators.get(seq.seq_id)

@@ -20,16 +20,29 @@ from mainspring.engine.sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledSeq:
     """Compute seq.token_ids[start : start + num_tokens] this step (start = num_computed_tokens
-    when scheduled; captured so it stays valid after postprocess advances the sequence)."""
+    when scheduled; captured so it stays valid after postprocess advances the sequence).
+
+    Speculative decoding: the last num_spec_tokens of num_tokens are draft tokens
+    (seq.spec_token_ids) after the sequence's last token; the model returns logits for all of
+    them and the last token, and postprocess keeps the KV of the accepted ones only."""
 
     seq: Sequence
     num_tokens: int
+    num_spec_tokens: int = 0
     start: int = field(init=False)
     _samples: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.start = self.seq.num_computed_tokens
-        self._samples = self.start + self.num_tokens == self.seq.num_tokens
+        self._samples = self.start + self.num_tokens - self.num_spec_tokens == self.seq.num_tokens
+
+    def set_spec_tokens(self, draft: list[int]) -> None:
+        """Verify `draft` (at most the num_spec_tokens slots reserved) after the last token."""
+        if len(draft) > self.num_spec_tokens:
+            raise ValueError(f"{len(draft)} draft tokens but {self.num_spec_tokens} slots reserved")
+        self.seq.spec_token_ids = list(draft)
+        self.num_tokens += len(draft) - self.num_spec_tokens
+        self.num_spec_tokens = len(draft)
 
     @property
     def end(self) -> int:
@@ -42,7 +55,8 @@ class ScheduledSeq:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start : self.end]
+        ids = self.seq.token_ids[self.start : self.end]
+        return ids + self.seq.spec_token_ids[: self.num_spec_tokens] if self.num_spec_tokens else ids
 
     @property
     def positions(self) -> range:
@@ -83,6 +97,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        # Speculative decoding (set by the engine): > 0 reserves draft slots for the sequences
+        # whose own num_lookahead_tokens is > 0.
+        self.num_lookahead_tokens = 0
         # waiting: sorted by priority; within a priority, preempted seqs at the front, then
         # arrival (add) order. running: sorted by _rank, so the victim is always running[-1].
         self.waiting: list[Sequence] = []
@@ -194,6 +211,8 @@ class Scheduler:
         # just-preempted seq would be re-admitted only to be preempted again (vLLM does the same).
         if out.preempted or out.finished:
             return out
+        if self.num_lookahead_tokens:
+            budget = self._reserve_lookahead(out, budget)
         preempted_now: set[int] = set()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -211,6 +230,28 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _reserve_lookahead(self, out: SchedulerOutput, budget: int) -> int:
+        """Speculative decoding: give each decoding sequence slots for up to k draft tokens, most
+        urgent first, from the budget and free blocks left after every running sequence got its
+        own token. Drafts are optional work: they never preempt anything."""
+        bm, bs = self.block_manager, self.block_manager.block_size
+        for s in out.scheduled:
+            seq = s.seq
+            if budget <= 0:
+                break
+            if not (seq.num_lookahead_tokens and s.num_tokens == 1 and s.samples):
+                continue
+            room = (len(seq.block_table) + bm.num_free_blocks) * bs - seq.num_tokens
+            # k drafts + the token after them make k + 1 outputs: never more than max_tokens allows
+            k = min(seq.num_lookahead_tokens, budget, room, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if k <= 0:
+                continue
+            bm.may_append(seq, k)
+            s.num_tokens += k
+            s.num_spec_tokens = k
+            budget -= k
+        return budget
 
     def _preempt_for(self, head: Sequence, out: SchedulerOutput, preempted_now: set[int]) -> bool:
         """Priority preemption: free blocks for `head` by preempting strictly less urgent running
@@ -244,23 +285,43 @@ class Scheduler:
 
     # ---- after the model ran ----------------------------------------------------------------
 
-    def postprocess(self, output: SchedulerOutput, sampled: dict[int, int]) -> None:
+    def postprocess(self, output: SchedulerOutput, sampled: dict[int, int | list[int]]) -> None:
         """Advance each scheduled seq by its chunk and append the token sampled for it.
 
-        `sampled` maps seq_id -> token id for every scheduled seq whose chunk `samples`.
-        Afterwards a decoding seq has num_computed_tokens == num_tokens - 1.
+        `sampled` maps seq_id -> token id for every scheduled seq whose chunk `samples`; for a seq
+        that verified drafts, the list of tokens it accepted: the drafts that passed, then the one
+        token sampled after them. Afterwards a decoding seq has num_computed_tokens == num_tokens - 1.
         """
         bm = self.block_manager
         for s in output.scheduled:
             seq = s.seq
+            if s.num_spec_tokens:
+                seq.spec_token_ids = []
             if seq.status != SequenceStatus.RUNNING:  # aborted/finished while the step ran
                 continue
-            seq.num_computed_tokens = s.end
-            bm.mark_computed(seq, seq.num_computed_tokens)
-            if s.samples:
-                if seq.seq_id not in sampled:
-                    raise ValueError(f"no sampled token for {seq.request_id!r} (seq_id {seq.seq_id})")
-                seq.append_token(sampled[seq.seq_id])
+            if not s.samples:
+                seq.num_computed_tokens = s.end
+                bm.mark_computed(seq, seq.num_computed_tokens)
+                continue
+            if seq.seq_id not in sampled:
+                raise ValueError(f"no sampled token for {seq.request_id!r} (seq_id {seq.seq_id})")
+            tokens = sampled[seq.seq_id]
+            if isinstance(tokens, int):
+                seq.num_computed_tokens = s.end - s.num_spec_tokens
+                bm.mark_computed(seq, seq.num_computed_tokens)
+                seq.append_token(tokens)
+            else:
+                # Accepted drafts keep the KV the step wrote for them; the rejected ones' slots lie
+                # past num_computed_tokens, where nothing reads them and the next step overwrites
+                # them. Hashing (mark_computed) never goes past num_computed_tokens.
+                accepted = len(tokens) - 1
+                if not 0 <= accepted <= s.num_spec_tokens:
+                    raise ValueError(f"{len(tokens)} tokens for {s.num_spec_tokens} drafts of {seq.request_id!r}")
+                seq.num_computed_tokens = s.end - s.num_spec_tokens + accepted
+                seq.token_ids.extend(tokens)
+                bm.mark_computed(seq, seq.num_computed_tokens)
+            if seq.num_lookahead_tokens:  # slots reserved for drafts that were not accepted
+                bm.free_lookahead(seq)
 
 
 def _prio(seq: Sequence) -> int:

@@ -36,6 +36,10 @@ class Sequence:
     usage_cached_tokens: int | None = None  # cached prompt tokens at first admission (billed)
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    # Speculative decoding: how many draft tokens it may verify per step (0 = plain decoding), and
+    # the drafts being verified this step. Drafts are never in token_ids: only accepted tokens are.
+    num_lookahead_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

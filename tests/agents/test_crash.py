@@ -18,7 +18,7 @@ RUNS, CALLS = 4, 3
 
 def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "MAINSPRING_DATABASE_URL": f"sqlite:///{tmp_path / 'crash.db'}", "MAINSPRING_THREADS": "1",
-           "MAINSPRING_AGENT_LEASE_S": "30"}
+           "MAINSPRING_AGENT_LEASE_S": "30", "MAINSPRING_FAST_VARIANT": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "tests.agents.crash_server", str(tmp_path), str(port)], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"server-{port}.log", "ab"))
     deadline = time.monotonic() + 180

@@ -1,8 +1,9 @@
 """GET /v1/models and the one place that turns a request's `model` field into a served model.
 
-Each engine is served under its own name and a `-fast` variant. The fast variant runs on the same
-engine (for now) but is a separate price tier in the economics layer, and its requests are
-scheduled ahead of standard ones (lower engine priority value runs first).
+Each engine is served under its own name and a `-fast` variant. The fast variant runs on its own engine
+(int4 weights + speculative decoding, same tokenizer) when the server built one, else on the standard
+engine; it is a separate price tier in the economics layer, and its requests are scheduled ahead of
+standard ones (lower engine priority value runs first).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class ServedModel:
 
 def served_models(request: Request) -> list[ServedModel]:
     eng: AsyncLLMEngine = request.app.state.engine
+    fast: AsyncLLMEngine = getattr(request.app.state, "fast_engine", None) or eng
     name = eng.engine.name
-    return [ServedModel(name, eng, "standard", 0), ServedModel(name + FAST_SUFFIX, eng, "fast", -1)]
+    return [ServedModel(name, eng, "standard", 0), ServedModel(name + FAST_SUFFIX, fast, "fast", -1)]
 
 
 def resolve_model(request: Request, name: str, fast: bool = False) -> ServedModel:
