@@ -99,7 +99,14 @@ def main() -> None:
                     help="bench/engine.py's workload a, or a chat story")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fast_variant.json"))
     ap.add_argument("--child", metavar="ENGINE", help=argparse.SUPPRESS)
+    ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
     args = ap.parse_args()
+    if args.update_readme:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from readme_table import update_readme
+
+        update_readme("fast_variant", markdown(json.loads(Path(args.out).read_text())))
+        return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.threads, args.repeats, args.prompt)), flush=True)
         return

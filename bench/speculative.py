@@ -119,7 +119,14 @@ def main() -> None:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speculative.json"))
+    ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
     args = ap.parse_args()
+    if args.update_readme:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from readme_table import update_readme
+
+        update_readme("speculative", markdown(json.loads(Path(args.out).read_text())))
+        return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2 threads on a shared machine (engine notes §4)
     import torch
 
