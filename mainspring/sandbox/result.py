@@ -16,7 +16,7 @@ class Result:
     killed_by: Optional[KilledBy] = None
     cpu_s: float = 0.0
     wall_s: float = 0.0
-    peak_memory: int = 0  # bytes, from the memory cgroup (or the largest process without one)
+    peak_memory: int = 0  # bytes, from the memory cgroup; 0 (unknown) on hosts without one
     files: dict[str, bytes] = field(default_factory=dict)  # new or changed workspace files
     files_omitted: list[str] = field(default_factory=list)  # over the profile's collect_mb cap
     limits_hit: list[str] = field(default_factory=list)  # limits that refused something: "pids", "file_size", …

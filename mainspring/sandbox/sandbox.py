@@ -227,7 +227,8 @@ class Sandbox:
             code = -(code - 128)  # bwrap reports a job killed by signal N as 128+N, like a shell
         stats = cgroup.stats() if cgroup else None
         cpu_s = stats.cpu_s if stats and stats.cpu_s else exit.cpu_s
-        peak = stats.peak_memory if stats and stats.peak_memory else exit.max_rss
+        # only a memory cgroup measures the job alone: rusage's max RSS counts the launcher's forked copy
+        peak = stats.peak_memory if stats and cgroup.limits_memory else 0
         files, omitted = workspace.collect(inputs, prof.collect_mb * MIB)
         limits: list[str] = []
         if stats and stats.pids_refused:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import mainspring
 from mainspring.sandbox import Profile
 
 ATTACK = Profile(name="attack", cpu_s=5, wall_s=15, memory_mb=256, pids=32, file_size_mb=16, workspace_mb=64)
@@ -60,8 +61,9 @@ def test_host_files_cannot_be_read(sandbox, tmp_path):
 
 def test_writes_outside_the_workspace_never_reach_the_host(sandbox):
     marker = f"mainspring-escape-{uuid.uuid4().hex}"
+    package = Path(mainspring.__file__).resolve().parent  # bound read-only as the project runtime
     targets = [f"/tmp/{marker}", f"/root/{marker}", f"/usr/{marker}", f"/usr/bin/{marker}", f"/{marker}",
-               f"/work/main/mainspring/{marker}", "/etc/passwd", f"/proc/1/root/tmp/{marker}"]
+               f"{package}/{marker}", "/etc/passwd", f"/proc/1/root/tmp/{marker}"]
     passwd_before = sha256("/etc/passwd")
     result = py(sandbox, f"""
         import errno, json
@@ -349,4 +351,4 @@ def test_without_cgroups_memory_falls_back_to_rlimit_as():
             chunks.append(bytearray(b"x" * (64 << 20)))
     """)
     assert result.exit_code == 1 and "MemoryError" in result.stderr
-    assert result.peak_memory <= ATTACK.memory_bytes
+    assert result.peak_memory == 0  # unknown without a memory cgroup (rusage would count the forked launcher)
