@@ -23,3 +23,21 @@ def embedded():
     from mainspring.engine.loader import load_model
 
     return load_model("smollm2", Settings().cache_dir)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """A real sandbox (bubblewrap, cgroups, seccomp, Landlock as this host has them), shared by every test.
+    CI installs bubblewrap, so there a host that cannot isolate is a failure, not a skip."""
+    from mainspring.sandbox import SandboxUnavailable
+    from tests.sandbox.conftest import make_sandbox
+
+    sb = make_sandbox(sandbox_slots=8)
+    try:
+        sb.prepare()
+    except SandboxUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to isolate jobs: {exc}")
+        pytest.skip(str(exc))
+    yield sb
+    sb.close()

@@ -6,7 +6,7 @@ import time
 from mainspring.agents.tools.code import python_tool
 from mainspring.config import Settings
 from tests.agents.conftest import TERMINAL, PolicyModel, make_runtime, spec, wait_status
-from tests.sandbox.conftest import TEST_SANDBOX_DIR, sandbox  # noqa: F401 (the fixture)
+from tests.sandbox.conftest import TEST_SANDBOX_DIR
 from tests.sandbox.test_attacks import _processes_owned_by
 
 

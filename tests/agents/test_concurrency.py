@@ -1,7 +1,6 @@
 """Many runs at once on SQLite: no "database is locked", no lost or duplicated event, exact side effects."""
 
 import asyncio
-import json
 import logging
 
 from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, make_runtime, spec, wait_status

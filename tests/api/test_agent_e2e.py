@@ -1,7 +1,6 @@
 """One agent run end to end with the real embedded model, through the HTTP API: create, run, stream, audit."""
 
 import json
-import time
 
 import httpx
 import pytest

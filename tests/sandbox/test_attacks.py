@@ -5,7 +5,6 @@ Bounded: every job has a wall clock of seconds and a small memory limit; network
 
 import hashlib
 import json
-import os
 import signal
 import socket
 import subprocess

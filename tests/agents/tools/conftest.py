@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from mainspring.agents.tools.base import Tool, ToolContext, ToolResult
 from mainspring.config import Settings
-from mainspring.sandbox import Sandbox, SandboxUnavailable
 
 TEST_SANDBOX_DIR = "/tmp/mainspring-sandbox-tests"  # the sandbox tests' directory: its parents are traversable
 
@@ -37,14 +35,3 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data", sandbox_dir=TEST_SANDBOX_DIR)
 
 
-@pytest.fixture(scope="session")
-def sandbox():
-    sb = Sandbox(Settings(sandbox_dir=TEST_SANDBOX_DIR, sandbox_slots=4))
-    try:
-        sb.prepare()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must be able to isolate jobs: {exc}")
-        pytest.skip(str(exc))
-    yield sb
-    sb.close()

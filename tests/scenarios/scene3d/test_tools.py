@@ -6,10 +6,8 @@ import asyncio
 import copy
 import io
 import json
-import os
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from mainspring.agents.tools.base import Tool, ToolContext
@@ -70,20 +68,6 @@ def test_scene_render_refuses_an_invalid_scene_without_rendering(tmp_path):
                                                            "message": "position and look_at must differ"}]}
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    from mainspring.config import Settings
-    from mainspring.sandbox import Sandbox, SandboxUnavailable
-
-    sb = Sandbox(Settings(sandbox_dir="/tmp/mainspring-scene-sandbox-tests", sandbox_slots=2))
-    try:
-        sb.prepare()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must be able to isolate jobs: {exc}")
-        pytest.skip(str(exc))
-    yield sb
-    sb.close()
 
 
 def test_scene_render_runs_in_the_runs_sandbox(tmp_path, sandbox):
