@@ -446,19 +446,9 @@ audit_app = typer.Typer(help="A run's hash-chained audit trail: verify, export (
 
 def _audit_session():
     """A read session on Settings' database (migrated first, as every command that opens it does)."""
-    from pydantic import ValidationError
-    from sqlalchemy.exc import SQLAlchemyError
+    from mainspring.store.db import cli_session
 
-    from mainspring.store.db import init_db, session
-
-    try:
-        url = Settings().resolved_database_url()
-        init_db(url)
-    except ValidationError as exc:
-        _fail(f"bad setting: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
-    except (SQLAlchemyError, OSError) as exc:
-        _fail(f"cannot open the database: {exc}")
-    return session(url, readonly=True)
+    return cli_session(_fail, readonly=True)
 
 
 def _known_run(s: Any, run_id: str) -> None:

@@ -86,6 +86,11 @@ def _apply(s, interrupt: InterruptRow, decision: str, *, actor: str, arguments=N
 def expire_due(db: str) -> int:
     """Resolve pending interrupts past their expiry with their configured default decision."""
     t = now()
+    with session(db, readonly=True) as s:  # the worker asks every poll: only take the write lock when needed
+        if s.scalars(select(InterruptRow.id).where(InterruptRow.status == "pending",
+                                                   InterruptRow.expires_at.is_not(None),
+                                                   InterruptRow.expires_at < t).limit(1)).first() is None:
+            return 0
     with session(db) as s:
         due = s.scalars(select(InterruptRow).where(InterruptRow.status == "pending",
                                                    InterruptRow.expires_at.is_not(None),

@@ -47,6 +47,10 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
     if limit <= 0:
         return []
     t = now()
+    with session(db, readonly=True) as s:  # polled every 0.2 s: an idle worker must not take the write lock
+        if s.scalars(select(RunRow.id).where(or_(RunRow.status == "queued", RunRow.status == "running"))
+                     .limit(1)).first() is None:
+            return []
     with session(db) as s:
         candidates = s.scalars(
             select(RunRow).where(or_(RunRow.status == "queued", RunRow.status == "running"))

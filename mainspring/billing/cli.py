@@ -29,21 +29,9 @@ def _fail(msg: str) -> NoReturn:
 
 
 def _session(readonly: bool = False):
-    """A session on Settings' database, migrating it first (cheap when already current)."""
-    from pydantic import ValidationError
-    from sqlalchemy.exc import SQLAlchemyError
+    from mainspring.store.db import cli_session
 
-    from mainspring.config import Settings
-    from mainspring.store.db import init_db, session
-
-    try:
-        url = Settings().resolved_database_url()
-        init_db(url)
-    except ValidationError as exc:
-        _fail(f"bad setting: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
-    except (SQLAlchemyError, OSError) as exc:
-        _fail(f"cannot open the database: {exc}")
-    return session(url, readonly=readonly)
+    return cli_session(_fail, readonly=readonly)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> None:

@@ -146,3 +146,19 @@ def current_revision(bind: Engine | str | None = None) -> str | None:
     engine = bind if isinstance(bind, Engine) else get_engine(bind)
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def cli_session(fail, *, readonly: bool = False):
+    """A session on Settings' database for a CLI command, migrating it first (cheap when current). A bad
+    setting or an unopenable database goes to `fail(message)`, which prints and exits: never a traceback."""
+    from pydantic import ValidationError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        url = Settings().resolved_database_url()
+        init_db(url)
+    except ValidationError as exc:
+        fail(f"bad setting: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+    except (SQLAlchemyError, OSError) as exc:
+        fail(f"cannot open the database: {exc}")
+    return session(url, readonly=readonly)
