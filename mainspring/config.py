@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     quantization: str = Field("", description="weights of the standard engine: '' (fp32) or 'int4'")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3'")
+    kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "
+                           "'hot=256,bits=8' (engine/kv_policy.py); empty = dense fp32")
     fast_variant: bool = Field(True, description="serve '<model>-fast' on its own int4 + speculative engine")
     fast_speculative: str = Field("ngram:k=5,n=3", description="speculative decoding of the -fast engine")
 

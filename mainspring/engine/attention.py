@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from mainspring.engine.kv_policy import KVPolicy
+from mainspring.engine.sparse_attention import ColdLoader, SparseSegment, build_segment, sparse_attention
+
 
 @dataclass
 class PrefillSegment:
@@ -36,6 +39,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     decode: DecodeBatch | None = None
     prefills: list[PrefillSegment] = field(default_factory=list)
+    # sequences under a KV policy (window + sinks, cold tiers): their own gather and masks
+    sparse: list[SparseSegment] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -43,10 +48,13 @@ class AttentionMetadata:
         decode_rows: list[tuple[list[int], int]],
         prefill_rows: list[tuple[list[int], int, int]],
         block_size: int,
+        sparse_rows: list[tuple[list[int], dict[int, int], int, int, KVPolicy]] = (),
+        inv_freq: torch.Tensor | None = None,
     ) -> "AttentionMetadata":
-        """decode_rows: (block_table, ctx_len); prefill_rows: (block_table, start, num_tokens).
+        """decode_rows: (block_table, ctx_len); prefill_rows: (block_table, start, num_tokens);
+        sparse_rows: (block_table, cold blocks, start, num_tokens, policy), RoPE's inv_freq needed.
 
-        Rows are laid out decode first, then prefill chunks, in the order given.
+        Rows are laid out decode first, then prefill chunks, then sparse rows, in the order given.
         """
         slots: list[torch.Tensor] = []
         decode = None
@@ -61,7 +69,12 @@ class AttentionMetadata:
             slots.append(ctx_slots[start:])
             prefills.append(PrefillSegment(q_start, num, ctx_len, ctx_slots if start else None))
             q_start += num
-        return cls(torch.cat(slots) if slots else torch.empty(0, dtype=torch.long), decode, prefills)
+        sparse = []
+        for block_table, cold, start, num, policy in sparse_rows:
+            slots.append(torch.tensor([_slot(block_table, p, block_size) for p in range(start, start + num)]))
+            sparse.append(build_segment(q_start, block_table, cold, start, num, policy, block_size, inv_freq))
+            q_start += num
+        return cls(torch.cat(slots) if slots else torch.empty(0, dtype=torch.long), decode, prefills, sparse)
 
 
 def _slot(block_table: list[int], pos: int, block_size: int) -> int:
@@ -104,11 +117,12 @@ def paged_attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,
-    k_cache: torch.Tensor,  # [num_slots, KVH, D]
-    v_cache: torch.Tensor,
+    kv: tuple,  # (k_cache, v_cache) [num_slots, KVH, D], + this layer's cold-store loader when tiered
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    k_cache, v_cache = kv[0], kv[1]
+    cold: ColdLoader | None = kv[2] if len(kv) > 2 else None
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
@@ -122,6 +136,9 @@ def paged_attention(
         else:
             kc, vc = k_cache[seg.ctx_slots], v_cache[seg.ctx_slots]
             out[rows] = _prefill_attention(q[rows], kc, vc, scale, offset=seg.ctx_len - seg.q_len)
+    for sp in meta.sparse:
+        rows = slice(sp.q_start, sp.q_start + sp.q_len)
+        out[rows] = sparse_attention(q[rows], k_cache, v_cache, cold, sp, scale)
     return out
 
 

@@ -54,10 +54,18 @@ class EngineConfig:
     # speculative decoding (engine/speculative.py), off when None: {"method": "ngram", "k": 10, "n": 3}
     # or {"method": "draft", "layers": 20, "k": 4} (the values shown are the defaults)
     speculative: dict[str, Any] | None = None
+    # KV policy default of every request (engine/kv_policy.py), dense fp32 when None:
+    # {"window": 1024, "sinks": 4} bounds KV by a sliding window + attention sinks;
+    # {"hot": 256, "bits": 8} keeps the last 256 tokens fp32 and quantizes older blocks (cold tier).
+    # "bits" alone builds the cold tier for requests that ask for it (kv_hot_tokens).
+    kv_policy: dict[str, Any] | None = None
+    # longest sequence a windowed request may reach (its KV stays bounded; RoPE goes past training)
+    max_window_model_len: int = 1 << 20
 
     @classmethod
     def from_settings(cls, s: Any) -> "EngineConfig":
         """The engine options the `Settings` (MAINSPRING_* variables) ask for."""
+        from mainspring.engine.kv_policy import parse_kv_policy
         from mainspring.engine.speculative import parse_speculative  # it imports the model; config must not
 
         return cls(
@@ -66,6 +74,7 @@ class EngineConfig:
             enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
             speculative=parse_speculative(getattr(s, "speculative", None)),
             quantization=parse_quantization(getattr(s, "quantization", None)),
+            kv_policy=parse_kv_policy(getattr(s, "kv_policy", None)),
         )
 
 

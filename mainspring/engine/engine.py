@@ -16,6 +16,7 @@ from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
 from mainspring.engine.kv_cache import BlockManager
+from mainspring.engine.kv_policy import engine_policy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
 from mainspring.engine.model import CausalLM
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -23,7 +24,7 @@ from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, U
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.sampler import Sampler
 from mainspring.engine.scheduler import Scheduler
-from mainspring.engine.sequence import Sequence
+from mainspring.engine.sequence import Sequence, SequenceStatus
 from mainspring.engine.quant_cache import quantize_for_engine
 from mainspring.engine.speculative import SpeculativeConfig, SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
@@ -60,7 +61,10 @@ class LLMEngine:
             1, self.config.kv_cache_mb * 2**20 // kv_bytes_per_block(self.model, bs))
         self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.kv_policy = engine_policy(self.config.kv_policy)
+        cold = self._cold_store(num_blocks)
+        self.block_manager.cold_store = cold
+        self.runner = ModelRunner(self.model, num_blocks, bs, cold)
         self.runner.warmup()
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
         self.spec: SpeculativeDecoder | None = None
@@ -73,6 +77,28 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
+
+    def _cold_store(self, num_blocks: int):
+        """The quantized cold tier, when the KV policy names one; as many blocks as fit in the
+        same memory budget as the hot pool."""
+        cfg = self.config.kv_policy or {}
+        if "bits" not in cfg and "hot" not in cfg:
+            return None
+        from mainspring.engine.kv_quant import ColdKVStore
+
+        c = self.model_config
+        probe = ColdKVStore(c.num_hidden_layers, 1, self.config.block_size, c.num_key_value_heads, c.head_dim,
+                            cfg.get("bits", 8))
+        per_block = probe.bytes_per_token() * self.config.block_size
+        n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
+        return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
+                           cfg.get("bits", 8))
+
+    def max_len(self, seq: Sequence) -> int:
+        """Longest a sequence may grow: the model's context, or far past it under a sliding window."""
+        if seq.kv_policy is not None and seq.kv_policy.bounded:
+            return self.config.max_window_model_len
+        return self.max_model_len
 
     @property
     def grammar(self) -> GrammarCompiler:
@@ -99,17 +125,26 @@ class LLMEngine:
             raise InvalidRequestError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.model_config.vocab_size for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
-        if len(ids) >= self.max_model_len:
+        policy = request_policy(self.kv_policy, params.attention_window, params.attention_sinks,
+                                params.kv_hot_tokens, self.runner.cold_store is not None, self.config.block_size)
+        if policy is not None:
+            # past the window or the hot span, a policy's deeper-layer KV differs from dense KV:
+            # its blocks must never serve (or be served by) a request under another policy
+            cache_salt = f"{cache_salt or ''}\x00kv={policy.window},{policy.sink_tokens},{policy.hot_tokens}"
+        seq = Sequence(request_id or "", ids, params, priority=priority, cache_salt=cache_salt, kv_policy=policy)
+        if len(ids) >= self.max_len(seq):
             raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens but the model's context is {self.max_model_len} tokens; "
-                "shorten the prompt (at least one token must be left to generate)")
+                f"the prompt has {len(ids)} tokens but the model's context is {self.max_len(seq)} tokens; "
+                "shorten the prompt (at least one token must be left to generate), or give the request an "
+                "attention_window to run past the trained context")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        seq.request_id = request_id
         # compiled before queueing: an invalid schema / regex / grammar rejects the request here
         matcher = self.grammar.compile(params) if params.guided else None
-        seq = Sequence(request_id, ids, params, priority=priority, cache_salt=cache_salt)
-        if self.spec is not None and self.spec.supports(params):
+        # the verifier's look-ahead slots and the draft's own gather assume dense attention
+        if self.spec is not None and policy is None and self.spec.supports(params):
             seq.num_lookahead_tokens = self.spec.k
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, ids, params),
@@ -148,6 +183,8 @@ class LLMEngine:
             new_tokens = {s.seq_id: [t] for s, t in zip(seqs, sampled.token_ids)} if sampled else {}
             raw_lps = {s.seq_id: [lp] for s, lp in zip(seqs, sampled.logprobs)} if sampled else {}
         self.scheduler.postprocess(sched, new_tokens)
+        self.runner.apply_kv_policy([s.seq for s in sched.scheduled if s.seq.kv_policy is not None
+                                     and s.seq.status is SequenceStatus.RUNNING], self.block_manager)
         outputs = ended
         for seq in seqs:
             req = self._requests.get(seq.request_id)
@@ -200,7 +237,7 @@ class LLMEngine:
                 reason, stop = "stop", req.detok.stop_reason
             elif grammar_end:
                 reason = "stop"
-            elif n_out >= p.max_tokens or seq.num_prompt_tokens + n_out >= self.max_model_len:
+            elif n_out >= p.max_tokens or seq.num_prompt_tokens + n_out >= self.max_len(seq):
                 reason = "length"
             if reason is not None:
                 break

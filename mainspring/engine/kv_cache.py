@@ -88,6 +88,9 @@ class BlockManager:
         self._pending_of: dict[int, list[tuple[int, bytes]]] = {}
         self._queries = 0
         self._hits = 0
+        # the cold tier's pool (kv_quant.ColdKVStore) when the engine has one: deallocate frees
+        # a sequence's cold blocks there too
+        self.cold_store = None
 
     # ---- pool state ---------------------------------------------------------------------
 
@@ -122,9 +125,10 @@ class BlockManager:
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def blocks_needed(self, seq: Sequence) -> int:
-        """Blocks that cover all of `seq`'s tokens (hit or fresh)."""
-        return (seq.num_tokens + self.block_size - 1) // self.block_size
+    def blocks_needed(self, seq: Sequence, upto: int | None = None) -> int:
+        """Blocks that cover `seq`'s tokens [0, upto) (all by default), hit or fresh."""
+        n = seq.num_tokens if upto is None else min(upto, seq.num_tokens)
+        return (n + self.block_size - 1) // self.block_size
 
     # ---- prefix cache lookup -------------------------------------------------------------
 
@@ -167,24 +171,30 @@ class BlockManager:
             parent = h
         return False
 
-    def num_blocks_to_allocate(self, seq: Sequence) -> int:
-        """Free-pool blocks `allocate(seq)` would consume: fresh blocks plus cache hits that are
-        currently free (ref 0). Hits on blocks another sequence holds cost nothing."""
+    def _fresh_needed(self, seq: Sequence, num_hits: int, limit: int | None) -> int:
+        upto = None if limit is None else num_hits * self.block_size + limit
+        return max(0, self.blocks_needed(seq, upto) - num_hits)
+
+    def num_blocks_to_allocate(self, seq: Sequence, limit: int | None = None) -> int:
+        """Free-pool blocks `allocate(seq, limit)` would consume: fresh blocks plus cache hits that
+        are currently free (ref 0). Hits on blocks another sequence holds cost nothing."""
         hits = self.cached_prefix(seq)
         free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
-        return self.blocks_needed(seq) - len(hits) + free_hits
+        return self._fresh_needed(seq, len(hits), limit) + free_hits
 
     # ---- allocation ------------------------------------------------------------------------
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.num_blocks_to_allocate(seq) <= len(self._free)
+    def can_allocate(self, seq: Sequence, limit: int | None = None) -> bool:
+        return self.num_blocks_to_allocate(seq, limit) <= len(self._free)
 
-    def allocate(self, seq: Sequence) -> None:
-        """Give a waiting `seq` blocks for all its tokens, reusing the longest cached prefix."""
+    def allocate(self, seq: Sequence, limit: int | None = None) -> None:
+        """Give a waiting `seq` blocks for all its tokens, reusing the longest cached prefix.
+        With `limit`, only for the cached prefix and `limit` more tokens: a sliding-window sequence
+        gets blocks chunk by chunk (may_append), so a long prompt never holds them all at once."""
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.request_id!r} already holds blocks")
         hits = self.cached_prefix(seq)
-        fresh = self.blocks_needed(seq) - len(hits)
+        fresh = self._fresh_needed(seq, len(hits), limit)
         free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
         if fresh + free_hits > len(self._free):
             raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_allocate first")
@@ -242,21 +252,41 @@ class BlockManager:
         b.ref_count = 1
         return bid
 
+    def _release(self, bid: int) -> None:
+        b = self.blocks[bid]
+        b.ref_count -= 1
+        if b.ref_count < 0:
+            raise RuntimeError(f"block {bid} ref_count went negative")
+        if b.ref_count == 0:
+            self._free[bid] = None
+            if b.hash is None or self._cached.get(b.hash) != bid:
+                # Nothing can ever hit this block (partial, or a duplicate of a registered
+                # block): hand it out before any block that still caches a prefix.
+                self._free.move_to_end(bid, last=False)
+
+    def release(self, seq: Sequence, indices: list[int]) -> None:
+        """Let go of some of `seq`'s blocks (a KV policy: behind the window, or demoted to the cold
+        tier). The entries read -1; a hashed block stays hittable in the prefix cache."""
+        for i in indices:
+            bid = seq.block_table[i]
+            if bid >= 0:
+                self._release(bid)
+                seq.block_table[i] = -1
+            cid = seq.cold_blocks.pop(i, None)
+            if cid is not None:
+                self.cold_store.free([cid])
+
     def deallocate(self, seq: Sequence) -> None:
         """Release `seq`'s blocks (finish, abort or preemption)."""
         # Reverse order: the deepest prefix blocks are least likely to be shared by a future
         # request, so they reach the free queue first and are evicted first.
         for bid in reversed(seq.block_table):
-            b = self.blocks[bid]
-            b.ref_count -= 1
-            if b.ref_count < 0:
-                raise RuntimeError(f"block {bid} ref_count went negative")
-            if b.ref_count == 0:
-                self._free[bid] = None
-                if b.hash is None or self._cached.get(b.hash) != bid:
-                    # Nothing can ever hit this block (partial, or a duplicate of a registered
-                    # block): hand it out before any block that still caches a prefix.
-                    self._free.move_to_end(bid, last=False)
+            if bid >= 0:
+                self._release(bid)
+        if seq.cold_blocks:
+            self.cold_store.free(list(seq.cold_blocks.values()))
+            seq.cold_blocks = {}
+        seq.kv_drop_from = seq.kv_demote_from = 0
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
@@ -264,17 +294,18 @@ class BlockManager:
 
     # ---- decode ------------------------------------------------------------------------------
 
-    def _missing_blocks(self, seq: Sequence, num_lookahead: int = 0) -> int:
-        needed = (seq.num_tokens + num_lookahead + self.block_size - 1) // self.block_size
+    def _missing_blocks(self, seq: Sequence, num_lookahead: int = 0, upto: int | None = None) -> int:
+        n = seq.num_tokens if upto is None else min(upto, seq.num_tokens)
+        needed = (n + num_lookahead + self.block_size - 1) // self.block_size
         return max(0, needed - len(seq.block_table))
 
-    def can_append(self, seq: Sequence, num_lookahead: int = 0) -> bool:
-        """True if a slot exists (or can be made) for every token of `seq`, normally the newest,
-        plus `num_lookahead` slots after it (draft tokens of speculative decoding)."""
-        return self._missing_blocks(seq, num_lookahead) <= len(self._free)
+    def can_append(self, seq: Sequence, num_lookahead: int = 0, upto: int | None = None) -> bool:
+        """True if a slot exists (or can be made) for every token of `seq` (or those before
+        `upto`), normally the newest, plus `num_lookahead` slots after it (speculative drafts)."""
+        return self._missing_blocks(seq, num_lookahead, upto) <= len(self._free)
 
-    def may_append(self, seq: Sequence, num_lookahead: int = 0) -> None:
-        missing = self._missing_blocks(seq, num_lookahead)
+    def may_append(self, seq: Sequence, num_lookahead: int = 0, upto: int | None = None) -> None:
+        missing = self._missing_blocks(seq, num_lookahead, upto)
         if missing > len(self._free):
             raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_append first")
         seq.block_table.extend(self._pop_free() for _ in range(missing))
@@ -306,8 +337,14 @@ class BlockManager:
         full = min(full, len(table))
         # Walk back to the first unhashed block; normally zero or one block per step.
         i = full
-        while i > 0 and self.blocks[table[i - 1]].hash is None:
+        while i > 0 and table[i - 1] >= 0 and self.blocks[table[i - 1]].hash is None:
             i -= 1
+        if i > 0 and table[i - 1] < 0:
+            # released by a KV policy: its hash is gone with it, so no later block can chain
+            # onto it; those blocks stay unregistered (a windowed sequence's deep blocks are
+            # unlikely to be shared anyway)
+            self._untrack_pending(seq, below=full)
+            return
         parent = self.blocks[table[i - 1]].hash if i > 0 else None
         for j in range(i, full):
             b = self.blocks[table[j]]

@@ -49,10 +49,24 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def ensure(self, positions: torch.Tensor) -> None:
+        """Positions past the trained context (a sliding-window sequence may run beyond it): grow
+        the table, doubling, computing the new angles in float64 so large positions stay exact.
+        Called once per forward, not per layer."""
+        if not positions.numel() or int(positions.max()) < self.cos.shape[0]:
+            return
+        old = self.cos.shape[0]
+        new = max(int(positions.max()) + 1, 2 * old)
+        freqs = torch.outer(torch.arange(old, new, dtype=torch.float64), self.inv_freq.double())
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = torch.cat([self.cos, emb.cos().float()])
+        self.sin = torch.cat([self.sin, emb.sin().float()])
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]

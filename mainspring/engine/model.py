@@ -29,7 +29,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
         q, k = rope(positions, q.view(t, self.h, self.d), k.view(t, self.kvh, self.d))
-        o = paged_attention(q, k, v.view(t, self.kvh, self.d), kv[0], kv[1], meta, self.scale)
+        o = paged_attention(q, k, v.view(t, self.kvh, self.d), kv, meta, self.scale)
         return self.o_proj(o.reshape(t, self.h * self.d))
 
 
@@ -71,6 +71,7 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
         """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache."""
+        self.rope.ensure(positions)
         x = self.embed_tokens(input_ids)
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, positions, self.rope, kv, meta)

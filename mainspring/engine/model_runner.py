@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from mainspring.engine.attention import AttentionMetadata
+from mainspring.engine.kv_cache import BlockManager
+from mainspring.engine.kv_policy import plan_blocks
 from mainspring.engine.model import CausalLM
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
@@ -16,13 +18,52 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, cold_store=None) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
         # torch.empty: pages are only touched (and count as memory) once a block is written
-        cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim)
-        self.kv_cache = [(cache[i, 0], cache[i, 1]) for i in range(c.num_hidden_layers)]
+        self.cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim)
+        # the cold tier (kv_quant.ColdKVStore): quantized blocks that left a sequence's hot span
+        self.cold_store = cold_store
+        self.kv_cache = [self._layer_kv(i) for i in range(c.num_hidden_layers)]
+
+    def _layer_kv(self, i: int) -> tuple:
+        k, v = self.cache[i, 0], self.cache[i, 1]
+        if self.cold_store is None:
+            return (k, v)
+        store = self.cold_store
+        return (k, v, lambda ids: store.load(i, ids))
+
+    def apply_kv_policy(self, seqs: list[Sequence], block_manager: BlockManager) -> None:
+        """After a step: release the blocks each policy-bound sequence no longer attends (behind
+        its window) and quantize the ones that left its hot span into the cold store."""
+        bs = self.block_size
+        for seq in seqs:
+            p = seq.kv_policy
+            if p is None or not seq.block_table:
+                continue
+            plan = plan_blocks(p, seq.block_table, seq.cold_blocks, seq.num_computed_tokens, bs,
+                               seq.kv_drop_from, seq.kv_demote_from)
+            seq.kv_drop_from, seq.kv_demote_from = plan.drop_to, plan.demote_to
+            if plan.drop:
+                block_manager.release(seq, plan.drop)
+            demote = plan.demote
+            if demote and self.cold_store is not None:
+                # a full cold store leaves the rest hot: precision over memory, never an error
+                demote = demote[: self.cold_store.num_free_blocks]
+                if demote:
+                    ids = self.cold_store.allocate(len(demote))
+                    self._demote([seq.block_table[i] for i in demote], ids)
+                    block_manager.release(seq, demote)
+                    seq.cold_blocks.update(zip(demote, ids))
+
+    def _demote(self, block_ids: list[int], cold_ids: list[int]) -> None:
+        bs = self.block_size
+        slots = (torch.tensor(block_ids)[:, None] * bs + torch.arange(bs)).flatten()
+        kv = self.cache[:, :, slots]  # [L, 2, n*bs, KVH, D]
+        shape = (kv.shape[0], len(block_ids), bs, *kv.shape[3:])
+        self.cold_store.store(torch.tensor(cold_ids), kv[:, 0].reshape(shape), kv[:, 1].reshape(shape))
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -38,31 +79,14 @@ class ModelRunner:
 
         A sequence verifying draft tokens (speculative decoding) is a prefill chunk of its last
         token + drafts, causal over its context, and gets 1 + num_spec_tokens consecutive rows."""
-        decodes = [s for s in scheduled if s.num_tokens == 1]
-        prefills = [s for s in scheduled if s.num_tokens > 1]
-        ids: list[int] = []
-        positions: list[int] = []
-        for s in decodes:
-            pos = s.seq.num_computed_tokens
-            ids.append(s.seq.token_ids[pos])
-            positions.append(pos)
-        for s in prefills:
-            start = s.seq.num_computed_tokens
-            ids.extend(s.token_ids)
-            positions.extend(range(start, start + s.num_tokens))
-        meta = AttentionMetadata.build(
-            [(s.seq.block_table, s.seq.num_computed_tokens + 1) for s in decodes],
-            [(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens) for s in prefills],
-            self.block_size,
-        )
-        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta)
+        hidden, decodes, chunks = self._forward(scheduled)
         rows, sampling = [], []
         for i, s in enumerate(decodes):
             if s.samples:
                 rows.append(i)
                 sampling.append(s.seq)
         offset = len(decodes)
-        for s in prefills:
+        for s in chunks:
             offset += s.num_tokens
             if s.samples:
                 rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
@@ -71,3 +95,35 @@ class ModelRunner:
             return torch.empty(0, self.model.config.vocab_size), []
         # the LM head is a fifth of the weights: only rows that sample need it
         return self.model.compute_logits(hidden[torch.tensor(rows)]), sampling
+
+    @torch.inference_mode()
+    def score(self, chunk: ScheduledSeq) -> torch.Tensor:
+        """Logits of every row of one sequence's chunk (perplexity, not generation)."""
+        hidden, _, _ = self._forward([chunk])
+        return self.model.compute_logits(hidden)
+
+    def _forward(self, scheduled: list[ScheduledSeq]):
+        decodes = [s for s in scheduled if s.num_tokens == 1 and s.seq.kv_policy is None]
+        prefills = [s for s in scheduled if s.num_tokens > 1 and s.seq.kv_policy is None]
+        sparse = [s for s in scheduled if s.seq.kv_policy is not None]
+        ids: list[int] = []
+        positions: list[int] = []
+        for s in decodes:
+            pos = s.seq.num_computed_tokens
+            ids.append(s.seq.token_ids[pos])
+            positions.append(pos)
+        chunks = prefills + sparse  # row order: decodes, prefill chunks, sparse segments
+        for s in chunks:
+            start = s.seq.num_computed_tokens
+            ids.extend(s.token_ids)
+            positions.extend(range(start, start + s.num_tokens))
+        meta = AttentionMetadata.build(
+            [(s.seq.block_table, s.seq.num_computed_tokens + 1) for s in decodes],
+            [(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens) for s in prefills],
+            self.block_size,
+            [(s.seq.block_table, s.seq.cold_blocks, s.seq.num_computed_tokens, s.num_tokens, s.seq.kv_policy)
+             for s in sparse],
+            self.model.rope.inv_freq,
+        )
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta)
+        return hidden, decodes, chunks

@@ -36,6 +36,11 @@ class SamplingParams:
     guided_json_object: bool = False
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    # KV policy of this request over the engine's default (engine/kv_policy.py); None = the
+    # engine's choice, 0 = off. A window lets the request run past the model's trained context.
+    attention_window: int | None = None
+    attention_sinks: int | None = None
+    kv_hot_tokens: int | None = None
 
     @property
     def guided(self) -> bool:
@@ -85,6 +90,10 @@ class SamplingParams:
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int)):
             bad("logprobs", "must be an integer or null")
+        for name in ("attention_window", "attention_sinks", "kv_hot_tokens"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                bad(name, "must be a non-negative integer or null (0 turns it off)")
 
         if not 0.0 <= self.temperature <= 100.0:
             bad("temperature", "must be between 0 and 100 (0 = greedy)")

@@ -124,7 +124,7 @@ class Scheduler:
         if seq.num_tokens == 0:
             raise InvalidRequestError("the prompt is empty; it needs at least one token")
         bm = self.block_manager
-        need = bm.blocks_needed(seq)
+        need = self._max_blocks(seq)
         if need > bm.num_blocks:
             raise InvalidRequestError(
                 f"the prompt needs {need} KV blocks ({seq.num_tokens} tokens, {bm.block_size} per "
@@ -134,6 +134,20 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         # End of its priority group = arrival order among equals.
         self.waiting.insert(bisect.bisect_right(self.waiting, seq.priority, key=_prio), seq)
+
+    def _max_blocks(self, seq: Sequence) -> int:
+        """Most blocks `seq` holds at once: all its tokens' unless a sliding window bounds it."""
+        bounded = seq.kv_policy.max_blocks(self.block_manager.block_size, self.max_num_batched_tokens) \
+            if seq.kv_policy is not None else None
+        need = self.block_manager.blocks_needed(seq)
+        return need if bounded is None else min(need, bounded)
+
+    def _upto(self, seq: Sequence, budget: int) -> int | None:
+        """A sequence under a KV policy gets blocks for this step's chunk only, so a long prompt
+        never holds more hot blocks than its window or hot span (None: blocks for all tokens)."""
+        if seq.kv_policy is None:
+            return None
+        return seq.num_computed_tokens + min(seq.num_uncomputed_tokens, budget)
 
     def _requeue_front(self, seq: Sequence) -> None:
         # Front of its priority group: a preempted seq was admitted before anything still waiting
@@ -186,13 +200,14 @@ class Scheduler:
                 continue
             # Make room by preempting the least urgent running seq. running is sorted, so the
             # victim is never a seq already scheduled this step (they rank above `seq`).
-            while not bm.can_append(seq) and self.running[-1] is not seq:
+            upto = self._upto(seq, budget)
+            while not bm.can_append(seq, upto=upto) and self.running[-1] is not seq:
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
-            if not bm.can_append(seq):
+            if not bm.can_append(seq, upto=upto):
                 # `seq` is itself the least urgent: it gives way.
-                if bm.blocks_needed(seq) > bm.num_blocks:
+                if self._max_blocks(seq) > bm.num_blocks:
                     # It outgrew the whole pool and could never be re-admitted: end it instead
                     # of parking it at the head of waiting forever.
                     self.finish(seq, "length")
@@ -201,7 +216,7 @@ class Scheduler:
                     self._preempt(seq)
                     out.preempted.append(seq)
                 break  # seq was running[-1]; nothing after it
-            bm.may_append(seq)
+            bm.may_append(seq, upto=upto)
             n = min(seq.num_uncomputed_tokens, budget)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
@@ -218,15 +233,18 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.seq_id in preempted_now or bm.waits_for_prefix(seq):
                 break
-            if not bm.can_allocate(seq) and not self._preempt_for(seq, out, preempted_now):
+            limit = budget if seq.kv_policy is not None else None
+            if not bm.can_allocate(seq, limit) and not self._preempt_for(seq, out, preempted_now, limit):
                 break  # no head-of-line skipping past a blocked, more urgent seq
             # Budget returned by unscheduled victims.
             budget = self.max_num_batched_tokens - out.num_batched_tokens
             del self.waiting[0]
-            bm.allocate(seq)
+            bm.allocate(seq, limit)
             seq.status = SequenceStatus.RUNNING
             self.running.insert(bisect.bisect_right(self.running, _rank(seq), key=_rank), seq)
             n = min(seq.num_uncomputed_tokens, budget)
+            if limit is not None:  # blocks were given for `limit` tokens only
+                n = min(n, len(seq.block_table) * bm.block_size - seq.num_computed_tokens)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
@@ -253,7 +271,8 @@ class Scheduler:
             budget -= k
         return budget
 
-    def _preempt_for(self, head: Sequence, out: SchedulerOutput, preempted_now: set[int]) -> bool:
+    def _preempt_for(self, head: Sequence, out: SchedulerOutput, preempted_now: set[int],
+                     limit: int | None = None) -> bool:
         """Priority preemption: free blocks for `head` by preempting strictly less urgent running
         seqs, least urgent first. Preempts nothing unless that can actually make `head` fit."""
         bm = self.block_manager
@@ -264,13 +283,14 @@ class Scheduler:
         holders: dict[int, int] = {}
         for s in victims:
             for bid in s.block_table:
-                holders[bid] = holders.get(bid, 0) + 1
+                if bid >= 0:  # -1: released by a KV policy
+                    holders[bid] = holders.get(bid, 0) + 1
         freeable = {bid for bid, n in holders.items() if bm.blocks[bid].ref_count == n}
         # A hit on a block only victims hold is free today but would cost a block once they go.
         rehit = sum(1 for bid in bm.cached_prefix(head) if bid in freeable)
-        if bm.num_free_blocks + len(freeable) - rehit < bm.num_blocks_to_allocate(head):
+        if bm.num_free_blocks + len(freeable) - rehit < bm.num_blocks_to_allocate(head, limit):
             return False
-        while not bm.can_allocate(head):
+        while not bm.can_allocate(head, limit):
             victim = self.running[-1]
             if victim.priority <= head.priority:  # unreachable given the check above
                 return False

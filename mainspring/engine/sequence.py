@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+from mainspring.engine.kv_policy import KVPolicy
 from mainspring.engine.params import SamplingParams
 
 _counter = itertools.count()
@@ -40,6 +41,13 @@ class Sequence:
     # the drafts being verified this step. Drafts are never in token_ids: only accepted tokens are.
     num_lookahead_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
+    # KV policy (engine/kv_policy.py): None = dense fp32. Released blocks read -1 in block_table;
+    # cold_blocks maps a logical block index to its id in the quantized cold store. The cursors
+    # say how far the policy has already released / demoted blocks.
+    kv_policy: KVPolicy | None = None
+    cold_blocks: dict[int, int] = field(default_factory=dict)
+    kv_drop_from: int = 0
+    kv_demote_from: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

@@ -1,0 +1,156 @@
+"""Sparse attention (sinks + sliding window, hot and cold runs) against a direct reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mainspring.engine.attention import AttentionMetadata, paged_attention
+from mainspring.engine.kv_policy import KVPolicy, plan_blocks
+from mainspring.engine.layers import RotaryEmbedding
+from mainspring.engine.sparse_attention import QUERY_TILE
+
+BS, KVH, G, D = 16, 2, 3, 16
+H = KVH * G
+
+
+def rope() -> RotaryEmbedding:
+    return RotaryEmbedding(D, 64, 10000.0, None)  # a short table: long positions exercise ensure()
+
+
+def reference(q_raw, k_raw, v, qpos: int, window: int | None, sinks: int, r: RotaryEmbedding) -> torch.Tensor:
+    """StreamingLLM by the book: window keys at their text positions, sinks placed right before
+    the window (cache positions), each key rotated explicitly; one query at qpos."""
+    lo = max(0, qpos - window + 1) if window is not None else 0
+    keys, vals, kpos = [], [], []
+    for j in range(min(sinks, lo)):
+        keys.append(k_raw[j]), vals.append(v[j]), kpos.append(max(0, lo - sinks) + j)
+    for p in range(lo, qpos + 1):
+        keys.append(k_raw[p]), vals.append(v[p]), kpos.append(p)
+    k = torch.stack(keys)
+    r.ensure(torch.tensor(kpos + [qpos]))
+    (k_rot,) = r(torch.tensor(kpos), k)
+    (q_rot,) = r(torch.tensor([qpos]), q_raw[None])
+    qg = q_rot[0].view(KVH, G, D)
+    scores = torch.einsum("hgd,khd->hgk", qg, k_rot) * D**-0.5
+    out = torch.einsum("hgk,khd->hgd", scores.softmax(-1), torch.stack(vals))
+    return out.reshape(H, D)
+
+
+def paged(n: int, seed: int = 0):
+    """n tokens of random raw K/V/Q and a shuffled block table over a cache of 2n slots."""
+    g = torch.Generator().manual_seed(seed)
+    k_raw, v = torch.randn(n, KVH, D, generator=g), torch.randn(n, KVH, D, generator=g)
+    q_raw = torch.randn(n, H, D, generator=g)
+    nblocks = -(-n // BS)
+    table = torch.randperm(2 * nblocks, generator=g)[:nblocks].tolist()
+    k_cache, v_cache = torch.zeros(2 * nblocks * BS, KVH, D), torch.zeros(2 * nblocks * BS, KVH, D)
+    return q_raw, k_raw, v, table, k_cache, v_cache
+
+
+@pytest.mark.parametrize("window,sinks,start,num", [
+    (None, 0, 0, 40),  # no window: plain causal prefill through the sparse path
+    (32, 4, 0, 300),  # one chunk longer than a query tile, window moving past the sinks
+    (32, 4, 150, 1),  # a decode step far past the window
+    (48, 4, 100, 37),  # a chunk in the middle
+    (32, 0, 120, 20),  # window only
+    (32, 20, 150, 5),  # more sinks than a block
+])
+def test_matches_streamingllm_reference(window, sinks, start, num):
+    r = rope()
+    n = start + num
+    q_raw, k_raw, v, table, k_cache, v_cache = paged(n)
+    # the cache holds keys rotated at their text position, as the model writes them
+    r.ensure(torch.arange(n))
+    (k_rot,) = r(torch.arange(n), k_raw)
+    slots = torch.tensor([table[p // BS] * BS + p % BS for p in range(n)])
+    k_cache[slots[:start]], v_cache[slots[:start]] = k_rot[:start], v[:start]
+    policy = KVPolicy(window=window, sink_tokens=sinks)
+    meta = AttentionMetadata.build([], [], BS, [(table, {}, start, num, policy)], r.inv_freq)
+    (q_rot,) = r(torch.arange(start, n), q_raw[start:])
+    out = paged_attention(q_rot, k_rot[start:], v[start:], (k_cache, v_cache), meta, D**-0.5)
+    assert len(meta.sparse[0].tiles) == -(-num // QUERY_TILE)
+    for i in range(num):
+        ref = reference(q_raw[start + i], k_raw, v, start + i, window, sinks, r)
+        torch.testing.assert_close(out[i], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_wide_window_equals_dense_causal_attention():
+    r = rope()
+    q_raw, k_raw, v, table, k_cache, v_cache = paged(70, seed=1)
+    r.ensure(torch.arange(70))
+    (k_rot,) = r(torch.arange(70), k_raw)
+    (q_rot,) = r(torch.arange(70), q_raw)
+    dense = AttentionMetadata.build([], [(table, 0, 70)], BS)
+    want = paged_attention(q_rot, k_rot, v, (k_cache.clone(), v_cache.clone()), dense, D**-0.5)
+    sparse = AttentionMetadata.build([], [], BS, [(table, {}, 0, 70, KVPolicy(window=1024))], r.inv_freq)
+    got = paged_attention(q_rot, k_rot, v, (k_cache, v_cache), sparse, D**-0.5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_cold_runs_are_read_from_the_cold_store_in_position_order():
+    """Blocks 1-3 live in a (here exact) cold store; the result equals the all-hot one, and
+    the loader is asked for exactly those blocks once per step and layer (K and V together)."""
+    r = rope()
+    n = 80
+    q_raw, k_raw, v, table, k_cache, v_cache = paged(n, seed=2)
+    r.ensure(torch.arange(n))
+    (k_rot,) = r(torch.arange(n), k_raw)
+    (q_rot,) = r(torch.arange(n - 1, n), q_raw[n - 1 :])
+    slots = torch.tensor([table[p // BS] * BS + p % BS for p in range(n)])
+    k_cache[slots], v_cache[slots] = k_rot, v
+    policy = KVPolicy(window=60, sink_tokens=4, hot_tokens=32)
+    hot = AttentionMetadata.build([], [], BS, [(table, {}, n - 1, 1, policy)], r.inv_freq)
+    want = paged_attention(q_rot, k_rot[-1:], v[-1:], (k_cache, v_cache), hot, D**-0.5)
+
+    cold_ids = {1: 7, 2: 5, 3: 6}
+    store = {cid: (k_rot[b * BS : (b + 1) * BS], v[b * BS : (b + 1) * BS]) for b, cid in cold_ids.items()}
+    calls = []
+
+    def load(ids):
+        calls.append(ids.tolist())
+        return torch.cat([store[i][0] for i in ids.tolist()]), torch.cat([store[i][1] for i in ids.tolist()])
+
+    split = [t if b not in cold_ids else -1 for b, t in enumerate(table)]
+    for b in cold_ids:  # scribble over the released hot blocks: they must not be read
+        k_cache[table[b] * BS : (table[b] + 1) * BS] = float("nan")
+    meta = AttentionMetadata.build([], [], BS, [(split, cold_ids, n - 1, 1, policy)], r.inv_freq)
+    got = paged_attention(q_rot, k_rot[-1:], v[-1:], (k_cache, v_cache, load), meta, D**-0.5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert calls == [[7, 5, 6]]  # window starts at 20 (block 1): blocks 1..3 cold, skip 4 of block 1
+
+
+def test_a_released_block_inside_the_window_is_an_error():
+    r = rope()
+    policy = KVPolicy(window=40, sink_tokens=4)
+    with pytest.raises(RuntimeError, match="released"):
+        AttentionMetadata.build([], [], BS, [([0, -1, 2, 3], {}, 60, 1, policy)], r.inv_freq)
+
+
+def test_plan_blocks_drops_behind_the_window_demotes_behind_the_hot_span_and_keeps_sinks():
+    policy = KVPolicy(window=64, sink_tokens=4, hot_tokens=32)
+    table, cold = list(range(10)), {}
+    plan = plan_blocks(policy, table, cold, 160, BS)
+    # next query at 160 reads >= 97: blocks 1..5 (tokens 16..95) go; sinks keep block 0;
+    # hot span starts at 128: blocks 6, 7 (96..127) turn cold
+    assert plan.drop == [1, 2, 3, 4, 5] and plan.demote == [6, 7]
+    assert (plan.drop_to, plan.demote_to) == (6, 8)
+    # the cursors make the next plan look only at new blocks
+    table2 = [0, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10]
+    later = plan_blocks(policy, table2, {6: 0, 7: 1}, 176, BS, plan.drop_to, plan.demote_to)
+    assert later.drop == [6] and later.demote == [8]
+    no_sinks = plan_blocks(KVPolicy(window=64, sink_tokens=0), table, {}, 160, BS)
+    assert no_sinks.drop == [0, 1, 2, 3, 4, 5] and no_sinks.demote == []
+
+
+def test_rope_table_grows_past_the_trained_context_exactly():
+    r = rope()
+    pos = torch.tensor([5, 63, 64, 1000, 40000])
+    r.ensure(pos)
+    x = torch.randn(5, 1, D, dtype=torch.float64)
+    (got,) = r(pos, x.float())
+    ang = pos.double()[:, None] * r.inv_freq.double()[None, :]
+    emb = torch.cat([ang, ang], -1)[:, None, :]
+    half = D // 2
+    want = x * emb.cos() + torch.cat([-x[..., half:], x[..., :half]], -1) * emb.sin()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
