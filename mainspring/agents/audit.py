@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from mainspring.agents.tables import AuditRow
 
 GENESIS = "0" * 64
+# built once: constructing a statement per call costs more than running it
+_HEAD = (select(AuditRow.seq, AuditRow.hash).where(AuditRow.run_id == bindparam("run_id"))
+         .order_by(AuditRow.seq.desc()).limit(1))
+_INSERT = insert(AuditRow.__table__)
 
 
 def canonical(payload: Any) -> str:
@@ -29,18 +33,20 @@ def entry_hash(prev_hash: str, kind: str, created_at: str, payload_json: str) ->
     return hashlib.sha256("|".join((prev_hash, kind, created_at, payload_json)).encode()).hexdigest()
 
 
+def link(run_id: str, prev_seq: int, prev_hash: str, kind: str, body: str) -> dict:
+    """The row that follows (prev_seq, prev_hash) in a run's chain; `body` is the payload's canonical JSON.
+    (A loop's batched writes chain all entries of one transaction from one read of the head.)"""
+    created = datetime.now(timezone.utc).isoformat()
+    return {"run_id": run_id, "seq": prev_seq + 1, "kind": kind, "payload_json": body, "created_at": created,
+            "prev_hash": prev_hash, "hash": entry_hash(prev_hash, kind, created, body)}
+
+
 def append(s: Session, run_id: str, kind: str, payload: Any) -> AuditRow:
     """Add an entry in the caller's transaction (which on SQLite holds the write lock: no interleaving)."""
-    last = s.execute(select(AuditRow.seq, AuditRow.hash).where(AuditRow.run_id == run_id)
-                     .order_by(AuditRow.seq.desc()).limit(1)).first()
-    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-    created = datetime.now(timezone.utc).isoformat()
-    body = canonical(payload)
-    row = AuditRow(run_id=run_id, seq=seq, kind=kind, payload_json=body, created_at=created, prev_hash=prev,
-                   hash=entry_hash(prev, kind, created, body))
-    s.execute(insert(AuditRow.__table__), [{"run_id": run_id, "seq": seq, "kind": kind, "payload_json": body,
-                                  "created_at": created, "prev_hash": prev, "hash": row.hash}])
-    return row
+    last = s.execute(_HEAD, {"run_id": run_id}).first()
+    row = link(run_id, *(last if last else (0, GENESIS)), kind, canonical(payload))
+    s.execute(_INSERT, [row])
+    return AuditRow(**row)
 
 
 @dataclass

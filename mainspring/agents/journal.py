@@ -1,7 +1,8 @@
 """The run journal: every state change of a run, written (with its event and audit entry) in one transaction.
 
 Writes by a worker are fenced by its lease: if another worker took the run over, the write fails with
-LeaseLost instead of forking history. Reads rebuild the run from the journal alone.
+LeaseLost instead of forking history. Reads rebuild the run from the journal alone. A running loop's own
+per-step writes (steps, tool calls, its normal ending) are batched on a faster path: writes.py.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from mainspring.agents import audit
 from mainspring.agents.spec import AgentSpec
-from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, RunRow, StepRow, ThreadRow, ToolCallRow,
+from mainspring.agents.tables import (AgentRow, EventRow, RunRow, StepRow, ThreadRow, ToolCallRow,
                                       TERMINAL)
 from mainspring.store.db import session
 
@@ -53,10 +54,13 @@ def tx(db: str | Session) -> Iterator[Session]:
             yield s
 
 
+_EVENT = insert(EventRow.__table__)  # built once: building a statement per call costs more than running it
+
+
 def event(s: Session, run_id: str, type_: str, **data: Any) -> None:
-    # Core inserts on the hot path: the ORM's unit of work costs more than the SQL itself
-    s.execute(insert(EventRow.__table__), [{"run_id": run_id, "type": type_, "data_json": json.dumps(data, default=str),
-                                  "created_at": now()}])
+    # a Core insert: the ORM's unit of work costs more than the SQL itself
+    s.execute(_EVENT, [{"run_id": run_id, "type": type_, "data_json": json.dumps(data, default=str),
+                        "created_at": now()}])
 
 
 def get_run(s: Session, run_id: str) -> RunRow:
@@ -71,13 +75,6 @@ def fenced(s: Session, run_id: str, owner: str) -> RunRow:
     if run.lease_owner != owner or run.status != "running":
         raise LeaseLost(run_id)
     return run
-
-
-def check_lease(s: Session, run_id: str, owner: str) -> None:
-    """`fenced` without loading the run (the hot path only needs the check)."""
-    row = s.execute(select(RunRow.lease_owner, RunRow.status).where(RunRow.id == run_id)).first()
-    if row is None or row.lease_owner != owner or row.status != "running":
-        raise LeaseLost(run_id)
 
 
 # ---- agents, threads, runs ---------------------------------------------------------------------------
@@ -167,6 +164,7 @@ class RunState:
     steps: list[StepRow] = field(default_factory=list)  # completed, in order
     calls: dict[str, list[ToolCallRow]] = field(default_factory=dict)  # step id -> its calls, in order
     open_step: StepRow | None = None  # a model step started but not completed (crash or retry)
+    prompt_cache: Any = field(default=None, repr=False)  # context.py: the prompt's part that no step changes
 
     @property
     def next_seq(self) -> int:
@@ -175,11 +173,11 @@ class RunState:
 
     def open_calls(self) -> list[ToolCallRow]:
         """Calls of the newest model step that have not reached a final state."""
-        model_steps = [st for st in self.steps if st.kind == "model"]
-        if not model_steps:
-            return []
-        return [c for c in self.calls.get(model_steps[-1].id, [])
-                if c.status in ("pending", "approved", "running", "waiting_approval")]
+        for st in reversed(self.steps):
+            if st.kind == "model":
+                return [c for c in self.calls.get(st.id, [])
+                        if c.status in ("pending", "approved", "running", "waiting_approval")]
+        return []
 
 
 def load_state(db: str, run_id: str) -> RunState:
@@ -196,64 +194,6 @@ def load_state(db: str, run_id: str) -> RunState:
         return state
 
 
-def begin_step(db: str, run_id: str, owner: str, seq: int, kind: str, input_hash: str) -> StepRow:
-    """A step is journaled before the model is called; a re-run after a crash reuses the started row."""
-    with tx(db) as s:
-        check_lease(s, run_id, owner)
-        found = s.execute(select(StepRow.id, StepRow.attempts, StepRow.started_at)
-                          .where(StepRow.run_id == run_id, StepRow.seq == seq)).first()
-        if found is None:
-            step = StepRow(id=new_id("step"), run_id=run_id, seq=seq, kind=kind, status="started",
-                           input_hash=input_hash, attempts=1, started_at=now())
-            s.execute(insert(StepRow.__table__), [{c: getattr(step, c) for c in
-                                         ("id", "run_id", "seq", "kind", "status", "input_hash", "attempts",
-                                          "started_at")}])
-        else:
-            step = StepRow(id=found.id, run_id=run_id, seq=seq, kind=kind, status="started", input_hash=input_hash,
-                           attempts=found.attempts + 1, started_at=found.started_at)
-            t = StepRow.__table__
-            s.execute(update(t).where(t.c.id == found.id).values(attempts=step.attempts, input_hash=input_hash))
-        event(s, run_id, "step.started", step_id=step.id, seq=seq, kind=kind, attempt=step.attempts)
-        return step
-
-
-def complete_model_step(db: str, run_id: str, owner: str, step_id: str, message: dict, usage: Any,
-                        cost_u: int, known_tools: set[str]) -> tuple[StepRow, list[ToolCallRow], RunRow]:
-    """Record the model's answer and the tool calls it asks for (pending), with usage and cost, atomically."""
-    with tx(db) as s:
-        run = fenced(s, run_id, owner)
-        step = s.get(StepRow, step_id)
-        calls = []
-        for ordinal, tc in enumerate(message.get("tool_calls") or []):
-            call_id = f"{step_id}.{ordinal}"
-            tc["id"] = call_id  # our ids: unique, and stable across replays of the journal
-            calls.append(ToolCallRow(id=call_id, run_id=run_id, step_id=step_id, ordinal=ordinal,
-                                     name=tc["function"]["name"], arguments_json=tc["function"]["arguments"],
-                                     idempotency_key=f"{run_id}/{step.seq}/{ordinal}", status="pending",
-                                     attempts=0))
-        step.status, step.finished_at = "completed", now()
-        step.output_json = json.dumps(message)
-        step.prompt_tokens, step.completion_tokens = usage.prompt_tokens, usage.completion_tokens
-        step.cached_tokens, step.cost_u = usage.cached_tokens, cost_u
-        run.step_count += 1
-        run.updated_at = now()
-        run.prompt_tokens += usage.prompt_tokens
-        run.completion_tokens += usage.completion_tokens
-        run.cached_tokens += usage.cached_tokens
-        run.cost_u += cost_u
-        s.add_all(calls)
-        event(s, run_id, "step.completed", step_id=step_id, seq=step.seq, content=message.get("content"),
-              tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments_json} for c in calls],
-              usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                     "cached_tokens": usage.cached_tokens}, cost_u=cost_u)
-        audit.append(s, run_id, "model.step", {
-            "seq": step.seq, "input_hash": step.input_hash, "output": message, "cost_u": cost_u,
-            "usage": {"prompt": usage.prompt_tokens, "completion": usage.completion_tokens,
-                      "cached": usage.cached_tokens},
-            "unknown_tools": sorted({c.name for c in calls} - known_tools)})
-        return step, calls, run
-
-
 def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, through_seq: int) -> StepRow:
     with tx(db) as s:
         fenced(s, run_id, owner)
@@ -264,35 +204,3 @@ def record_compaction(db: str, run_id: str, owner: str, seq: int, summary: str, 
         event(s, run_id, "context.compacted", seq=seq, through_seq=through_seq, chars=len(summary))
         audit.append(s, run_id, "context.compacted", {"seq": seq, "through_seq": through_seq, "summary": summary})
         return step
-
-
-def mark_call_running(db: str, run_id: str, owner: str, call_id: str, arguments_json: str) -> int:
-    """Journal 'about to run' before any side effect; returns the attempt number."""
-    with tx(db) as s:
-        check_lease(s, run_id, owner)
-        t = ToolCallRow.__table__
-        s.execute(update(t).where(t.c.id == call_id).values(
-            status="running", started_at=now(), arguments_json=arguments_json, attempts=t.c.attempts + 1))
-        call = s.execute(select(ToolCallRow.name, ToolCallRow.attempts).where(ToolCallRow.id == call_id)).one()
-        event(s, run_id, "tool.started", call_id=call_id, name=call.name, arguments=arguments_json,
-              attempt=call.attempts)
-        return call.attempts
-
-
-def finish_call(db: str, run_id: str, owner: str, call_id: str, status: str, result: dict,
-                artifacts: list[dict] | None = None) -> None:
-    with tx(db) as s:
-        check_lease(s, run_id, owner)
-        t = ToolCallRow.__table__
-        s.execute(update(t).where(t.c.id == call_id).values(
-            status=status, finished_at=now(), result_json=json.dumps(result, default=str)))
-        call = s.execute(select(ToolCallRow.name, ToolCallRow.arguments_json, ToolCallRow.idempotency_key,
-                                ToolCallRow.attempts).where(ToolCallRow.id == call_id)).one()
-        for a in artifacts or []:
-            s.add(ArtifactRow(id=new_id("art"), run_id=run_id, **a))
-        event(s, run_id, "tool.finished", call_id=call_id, name=call.name, status=status,
-              content=result.get("content", "")[:2000], artifacts=artifacts or [])
-        audit.append(s, run_id, "tool.call", {"call_id": call_id, "name": call.name,
-                                               "arguments": call.arguments_json, "status": status,
-                                               "result": result, "idempotency_key": call.idempotency_key,
-                                               "attempts": call.attempts})

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select, update
 
 from mainspring.agents.journal import audit, event, now
 from mainspring.agents.tables import RunRow
@@ -42,29 +42,42 @@ def owner_is_dead(owner: str | None) -> bool:
     return False
 
 
+def _takeable(status: str, lease_owner: str | None, expires: datetime | None, owner: str, t: datetime) -> bool:
+    if status == "queued":
+        return True
+    if lease_owner == owner:
+        return False
+    return expires is None or expires < t or owner_is_dead(lease_owner)
+
+
 def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bool]]:
     """Take up to `limit` runnable runs, highest priority first: (run id, recovered after a crash)."""
     if limit <= 0:
         return []
     t = now()
-    with session(db, readonly=True) as s:  # polled every 0.2 s: an idle worker must not take the write lock
-        if s.scalars(select(RunRow.id).where(or_(RunRow.status == "queued", RunRow.status == "running"))
-                     .limit(1)).first() is None:
-            return []
-    with session(db) as s:
-        candidates = s.scalars(
-            select(RunRow).where(or_(RunRow.status == "queued", RunRow.status == "running"))
+    # Polled every 0.2 s: look first, without the write lock and without loading rows, and go on only when
+    # there is something to take (a worker busy with its own runs used to lock and load them all each poll).
+    with session(db, readonly=True) as s:
+        rows = s.execute(
+            select(RunRow.id, RunRow.status, RunRow.lease_owner, RunRow.lease_expires_at)
+            .where(or_(RunRow.status == "queued", and_(RunRow.status == "running", or_(
+                RunRow.lease_owner.is_(None), RunRow.lease_owner != owner))))
             .order_by(RunRow.priority.desc(), RunRow.created_at).limit(limit * 4)).all()
-        taken = []
+        ids = [r.id for r in rows if _takeable(r.status, r.lease_owner, r.lease_expires_at, owner, t)]
+    if not ids:
+        return []
+    with session(db) as s:
+        candidates = s.scalars(select(RunRow).where(RunRow.id.in_(ids))
+                               .order_by(RunRow.priority.desc(), RunRow.created_at)).all()
+        taken: list[tuple[str, bool]] = []
+        specs: dict[str, float] = {}  # agent id -> max_wall_s
         for run in candidates:
             if len(taken) >= limit:
                 break
+            if run.status not in ("queued", "running") or not _takeable(run.status, run.lease_owner,
+                                                                        run.lease_expires_at, owner, t):
+                continue  # changed since we looked
             recovered = run.status == "running"
-            if recovered and run.lease_owner == owner:
-                continue
-            if recovered and not (run.lease_expires_at is None or run.lease_expires_at < t
-                                  or owner_is_dead(run.lease_owner)):
-                continue
             previous = run.lease_owner
             run.status, run.lease_owner, run.lease_expires_at = "running", owner, t + timedelta(seconds=lease_s)
             run.attempt += 1
@@ -74,7 +87,9 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
             if run.deadline_at is None:
                 from mainspring.agents.journal import agent_spec
 
-                run.deadline_at = run.started_at + timedelta(seconds=agent_spec(s, run.agent_id).limits.max_wall_s)
+                if run.agent_id not in specs:
+                    specs[run.agent_id] = agent_spec(s, run.agent_id).limits.max_wall_s
+                run.deadline_at = run.started_at + timedelta(seconds=specs[run.agent_id])
             kind = "run.recovered" if recovered else "run.claimed"
             event(s, run.id, kind, owner=owner, attempt=run.attempt, previous_owner=previous)
             if recovered:
@@ -88,14 +103,17 @@ def heartbeat(db: str, owner: str, run_ids: list[str], lease_s: float) -> dict[s
     or "pause" (someone asked); runs with nothing to do are left out."""
     if not run_ids:
         return {}
-    with session(db) as s:
+    runs = RunRow.__table__
+    with session(db) as s:  # one UPDATE and one SELECT however many runs: loading and flushing each row cost more
+        s.execute(update(runs).where(runs.c.id.in_(run_ids), runs.c.lease_owner == owner, runs.c.status == "running")
+                  .values(lease_expires_at=now() + timedelta(seconds=lease_s)))
         orders = {run_id: "lost" for run_id in run_ids}
-        for run in s.scalars(select(RunRow).where(RunRow.id.in_(run_ids))):
-            if run.lease_owner == owner and run.status == "running":
-                run.lease_expires_at = now() + timedelta(seconds=lease_s)
-                del orders[run.id]
-                if run.cancel_requested:
-                    orders[run.id] = "cancel"
-                elif run.pause_requested:
-                    orders[run.id] = "pause"
+        for row in s.execute(select(runs.c.id, runs.c.lease_owner, runs.c.status, runs.c.cancel_requested,
+                                    runs.c.pause_requested).where(runs.c.id.in_(run_ids))):
+            if row.lease_owner == owner and row.status == "running":
+                del orders[row.id]
+                if row.cancel_requested:
+                    orders[row.id] = "cancel"
+                elif row.pause_requested:
+                    orders[row.id] = "pause"
         return orders

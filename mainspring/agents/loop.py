@@ -8,16 +8,18 @@ cut off mid-flight is re-run only if its tool is idempotent (same idempotency ke
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents import control, journal
-from mainspring.agents.context import build_messages, estimate_tokens, input_hash, needs_compaction, summarize
+from mainspring.agents import control, journal, writes
+from mainspring.agents.context import Prompt, build_prompt, needs_compaction, summarize
 from mainspring.agents.journal import LeaseLost, RunState
 from mainspring.agents.tools.base import Tool, ToolContext, ToolError, ToolResult, TransientToolError, openai_schema
 from mainspring.engine.outputs import Usage
@@ -41,11 +43,12 @@ class LoopEnv:
     price: Callable[[str, Usage], int]  # (model, usage) -> micro-USD
     sandbox: Any = None
     sleep: Callable[[float], Any] = asyncio.sleep
+    executor: Executor | None = None  # the worker's journal thread(s); None: the event loop's default pool
+    committer: writes.Committer | None = None  # group commit of the loops' batches; None: one by one
 
-
-async def db(fn, *args, **kwargs):
-    """Journal calls are blocking SQL: keep them off the event loop."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
+        """Journal calls are blocking SQL: keep them off the event loop."""
+        return asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
 
 @dataclass
@@ -54,15 +57,21 @@ class RunLoop:
     run_id: str
     stop: str | None = None  # set by the worker before it cancels us: cancel | pause | lost | shutdown
     pause_at_boundary: bool = False  # a pause that lets the step in flight finish
-    current_call: str | None = None
+    current_call: Any = None  # the ToolCallRow running now
     cancel_event: Any = field(default=None)
+    state: RunState | None = None
+    # writes queued for the next commit (writes.py); it only holds writes between two awaits, see _commit
+    batch: writes.Batch | None = None
+    committing: asyncio.Future | None = None
 
     async def drive(self) -> None:
         import threading
 
         self.cancel_event = threading.Event()
+        self.batch = writes.Batch(self.run_id)
         try:
             await self._advance()
+            await self._commit()  # nothing should be left; never drop a queued write if something is
         except LeaseLost:
             log.info("run %s: lease lost, another worker has it", self.run_id)
         except asyncio.CancelledError:
@@ -72,29 +81,54 @@ class RunLoop:
         except Exception as exc:  # a bug or an unrecoverable failure: fail the run, keep the worker alive
             log.exception("run %s failed", self.run_id)
             try:
-                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "failed",
-                         error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+                await self._settled()
+                await self.env.call(journal.finish_run, self.env.db, self.run_id, self.env.owner, "failed",
+                                    error=f"{type(exc).__name__}: {exc}", stop_reason="error")
             except LeaseLost:
                 pass
+
+    # ---- journal writes ----------------------------------------------------------------------------------
+    async def _commit(self) -> None:
+        """Commit the queued writes. The loop acts (calls the model, runs a tool, sleeps) only after this, so
+        whatever it acts on is durable first, and a cancel can only land here or where nothing is queued."""
+        if not self.batch:
+            return
+        batch, self.batch = self.batch, writes.Batch(self.run_id)
+        committer = self.env.committer
+        self.committing = committer.submit(batch) if committer else self.env.call(writes.commit, self.env.db,
+                                                                                   self.env.owner, batch)
+        # shielded: a cancel must not drop a commit still queued for the journal thread; _stopped waits for it
+        await asyncio.shield(self.committing)
+
+    async def _settled(self) -> None:
+        """Wait for a commit that a cancel or an error cut us off from (its outcome is the journal's)."""
+        if self.committing is not None and not self.committing.done():
+            await asyncio.wait([self.committing])
+
+    async def _write(self, fn, *args, **kwargs):
+        """A journal call outside the batch (rare paths: parking, interrupts, compaction), after the queue."""
+        await self._commit()
+        return await self.env.call(fn, *args, **kwargs)
 
     async def _stopped(self) -> None:
         self.cancel_event.set()
         try:
+            await self._settled()
             if self.stop == "cancel":
-                if self.current_call:
-                    await db(journal.finish_call, self.env.db, self.run_id, self.env.owner, self.current_call,
-                             "cancelled", {"content": "cancelled", "is_error": True})
-                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "cancelled",
-                         stop_reason="cancelled")
+                if self.current_call is not None:
+                    writes.finish_call(self.batch, self.current_call, "cancelled",
+                                       {"content": "cancelled", "is_error": True})
+                await self._write(journal.finish_run, self.env.db, self.run_id, self.env.owner, "cancelled",
+                                  stop_reason="cancelled")
             elif self.stop == "pause":
-                await db(journal.park_run, self.env.db, self.run_id, self.env.owner, "paused", "user")
+                await self._write(journal.park_run, self.env.db, self.run_id, self.env.owner, "paused", "user")
         except LeaseLost:
             pass
 
     async def _advance(self) -> None:
         # The journal is read once per lease; after that the loop applies its own writes to this copy.
         # Others' changes reach a running loop through the worker (cancel, pause, lost lease).
-        self.state = state = await db(journal.load_state, self.env.db, self.run_id)
+        self.state = state = await self.env.call(journal.load_state, self.env.db, self.run_id)
         run = state.run
         if run.lease_owner != self.env.owner or run.status != "running":
             return
@@ -109,8 +143,8 @@ class RunLoop:
                 await self._stopped()
                 return
             if run.deadline_at and datetime.now(timezone.utc) > run.deadline_at:
-                await db(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
-                         stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
+                await self._write(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
+                                  stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
                 return
             calls = state.open_calls()
             if calls:
@@ -126,6 +160,7 @@ class RunLoop:
         for call in calls:
             tool = self.env.tools.get(call.name)
             if call.status == "waiting_approval":
+                await self._commit()
                 return False  # an interrupt is open (a resolve queues the run again)
             needs_human = None
             if call.status == "running" and not (tool and tool.idempotent):
@@ -133,20 +168,18 @@ class RunLoop:
             elif call.status == "pending" and tool and tool.requires_approval:
                 needs_human = "approval"
             if needs_human:
-                await db(control.open_interrupt, self.env.db, self.run_id, self.env.owner, call, needs_human,
-                         limits.approval_ttl_s, limits.approval_expiry_decision)
+                await self._write(control.open_interrupt, self.env.db, self.run_id, self.env.owner, call, needs_human,
+                                  limits.approval_ttl_s, limits.approval_expiry_decision)
                 return False
             await self._execute(state, call, tool)
         return True
 
     async def _execute(self, state: RunState, call, tool: Tool | None) -> None:
-        env = self.env
-        self.current_call = call.id
-        call.attempts = await db(journal.mark_call_running, env.db, self.run_id, env.owner, call.id,
-                                 call.arguments_json)
-        call.status = "running"
+        self.current_call = call
+        writes.start_call(self.batch, call, call.arguments_json)
+        await self._commit()  # with the previous step's answer or call's result: one transaction, before the effect
         if tool is None:
-            result = ToolResult(f"unknown tool {call.name!r}; available: {', '.join(sorted(env.tools))}",
+            result = ToolResult(f"unknown tool {call.name!r}; available: {', '.join(sorted(self.env.tools))}",
                                 is_error=True)
         else:
             try:
@@ -158,10 +191,9 @@ class RunLoop:
             else:
                 result = await self._call_with_retries(state, call, tool, args)
         artifacts = self._save_artifacts(call.id, result)
-        status = "failed" if result.is_error else "completed"
         payload = {"content": result.content, "data": result.data, "is_error": result.is_error}
-        await db(journal.finish_call, env.db, self.run_id, env.owner, call.id, status, payload, artifacts)
-        call.status, call.result_json = status, json.dumps(payload, default=str)
+        # queued: committed with the next action's own write, before that action
+        writes.finish_call(self.batch, call, "failed" if result.is_error else "completed", payload, artifacts)
         self.current_call = None
 
     async def _call_with_retries(self, state: RunState, call, tool: Tool, args: dict) -> ToolResult:
@@ -196,49 +228,47 @@ class RunLoop:
     # ---- model -----------------------------------------------------------------------------------------
     async def _model_step(self, state: RunState) -> bool:
         env, limits, run = self.env, state.spec.limits, state.run
-        messages = build_messages(state)
-        if needs_compaction(state, messages):
+        prompt = build_prompt(state)
+        if needs_compaction(state, prompt):
             summary, through = summarize(state)
-            state.steps.append(await db(journal.record_compaction, env.db, self.run_id, env.owner, state.next_seq,
-                                        summary, through))
+            state.steps.append(await self._write(journal.record_compaction, env.db, self.run_id, env.owner,
+                                                 state.next_seq, summary, through))
             return True  # rebuild the messages with the summary in place
         wrap_up = run.step_count >= limits.max_steps - 1
         tools = [] if wrap_up else [openai_schema(env.tools[n]) for n in state.spec.tools if n in env.tools]
         if wrap_up:
-            messages = messages + [{"role": "user", "content": WRAP_UP}]
-        if self._over_budget(state, messages):
-            state.run = await db(self._fresh_run)  # the budget may have been raised meanwhile
-            if self._over_budget(state, messages):
-                await db(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+            prompt = prompt.plus({"role": "user", "content": WRAP_UP})
+        if self._over_budget(state, prompt):
+            state.run = await self._write(self._fresh_run)  # the budget may have been raised meanwhile
+            if self._over_budget(state, prompt):
+                await self._write(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
                 return False
-        step = state.open_step = await db(journal.begin_step, env.db, self.run_id, env.owner, state.next_seq
-                                          if state.open_step is None else state.open_step.seq, "model",
-                                          input_hash(messages, tools))
+        step = writes.begin_step(self.batch, state, state.next_seq if state.open_step is None else
+                                 state.open_step.seq, "model", prompt.input_hash(tools))
+        await self._commit()  # with the last call's result: one transaction, before the model is called
         try:
-            completion = await self._chat(state, messages, tools)
+            completion = await self._chat(state, prompt.messages, tools)
         except ModelFailed as exc:
-            await db(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
-                     stop_reason="model_error")
+            await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
+                              stop_reason="model_error")
             return False
         message = completion.to_message()
         if wrap_up:
             message.pop("tool_calls", None)
         # the agent's name for its model when the sheet prices it ("default" is not), else the one that answered
         cost = env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage)
-        step, calls, state.run = await db(journal.complete_model_step, env.db, self.run_id, env.owner, step.id,
-                                          message, completion.usage, cost, set(env.tools))
-        state.steps.append(step)
-        state.calls[step.id] = calls
-        state.open_step = None
+        # queued: committed with the first call's start (or with the ending), before either happens
+        calls = writes.complete_model_step(self.batch, state, step, message, completion.usage, cost, set(env.tools))
         if not calls:
-            await db(journal.finish_run, env.db, self.run_id, env.owner, "succeeded", result=completion.text,
-                     stop_reason="max_steps" if wrap_up else "final_answer")
+            writes.finish_run(self.batch, state, "succeeded", result=completion.text,
+                              stop_reason="max_steps" if wrap_up else "final_answer")
+            await self._commit()
             return False
         return True
 
-    def _over_budget(self, state: RunState, messages: list[dict]) -> bool:
+    def _over_budget(self, state: RunState, prompt: Prompt) -> bool:
         run, limits = state.run, state.spec.limits
-        estimate = Usage(prompt_tokens=estimate_tokens(messages), cached_tokens=0, completion_tokens=limits.max_tokens)
+        estimate = Usage(prompt_tokens=prompt.tokens(), cached_tokens=0, completion_tokens=limits.max_tokens)
         used = run.prompt_tokens + run.completion_tokens
         if run.token_budget is not None and used + estimate.total_tokens > run.token_budget:
             return True
@@ -268,7 +298,7 @@ class RunLoop:
             except (ConnectionError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             if attempt < limits.model_retries:
-                await db(self._note_retry, attempt + 1, last)
+                await self._write(self._note_retry, attempt + 1, last)
                 await self.env.sleep(min(limits.retry_backoff_s * 2 ** attempt, 60))
         raise ModelFailed(f"model failed after {limits.model_retries + 1} attempts: {last}")
 

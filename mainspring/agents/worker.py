@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents import control, leases
-from mainspring.agents.loop import LoopEnv, RunLoop, db
+from mainspring.agents import control, leases, writes
+from mainspring.agents.loop import LoopEnv, RunLoop
 from mainspring.agents.tools.base import Tool
 from mainspring.engine.outputs import Usage
 
@@ -49,6 +50,15 @@ class Worker:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # SQLite has one writer at a time: journal calls from several threads of this process would only queue
+        # on its lock, and a writer that finds it taken sleeps in steps of milliseconds (busy_timeout) although
+        # the holder needs a fraction of one. One thread takes them in turn instead. Other databases write
+        # rows in parallel: a few threads.
+        from sqlalchemy.engine import make_url
+
+        sqlite = make_url(self.env.db).get_backend_name() == "sqlite"
+        self.env.executor = ThreadPoolExecutor(1 if sqlite else 4, thread_name_prefix="agent-journal")
+        self.env.committer = writes.Committer(self.env.db, self.owner, self.env.executor)
         self._main = asyncio.create_task(self._run(), name="agent-worker")
 
     def _soon(self, fn, *args) -> None:
@@ -78,6 +88,9 @@ class Worker:
         await asyncio.gather(*(t for _, t in self.loops.values()), self._main or asyncio.sleep(0),
                              return_exceptions=True)
         self.loops.clear()
+        if self.env.executor is not None:
+            self.env.executor.shutdown(wait=False)  # a commit still running finishes; nothing new is taken
+            self.env.executor = self.env.committer = None
 
     def interrupt(self, run_id: str, order: str, cut: bool = True) -> None:
         """Stop a run this worker drives (order: cancel | pause): at once, cutting the step in flight, or
@@ -115,12 +128,12 @@ class Worker:
             del self.loops[run_id]
         if self.loops and t - self._last_beat >= min(self.lease_s / 3, 1.0):
             self._last_beat = t
-            orders = await db(leases.heartbeat, self.env.db, self.owner, list(self.loops), self.lease_s)
+            orders = await self.env.call(leases.heartbeat, self.env.db, self.owner, list(self.loops), self.lease_s)
             for run_id, order in orders.items():  # flags set by another process; pauses wait for the boundary
                 self._interrupt(run_id, order, cut=order != "pause")
-        await db(control.expire_due, self.env.db)
-        for run_id, recovered in await db(leases.claim, self.env.db, self.owner, self.capacity - len(self.loops),
-                                          self.lease_s):
+        await self.env.call(control.expire_due, self.env.db)
+        for run_id, recovered in await self.env.call(leases.claim, self.env.db, self.owner,
+                                                     self.capacity - len(self.loops), self.lease_s):
             if recovered:
                 log.info("run %s: recovered after its worker died", run_id)
             run_loop = RunLoop(self.env, run_id)
