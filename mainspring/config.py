@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(64, ge=1, description="most requests running at once")
     max_model_len: int = Field(0, ge=0, description="context limit; 0 = the model's own")
     enable_prefix_caching: bool = True
+    kv_disk_cache_mb: int = Field(0, ge=0, description="disk for the prefix cache's second tier under "
+                                  "<data_dir>/cache/kv: evicted KV blocks are reloaded instead of recomputed, "
+                                  "and the cache survives a restart; 0 = off")
     quantization: str = Field("", description="weights of the standard engine: '' (fp32) or 'int4'")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3'")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "

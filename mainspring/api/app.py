@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import asynccontextmanager
 
@@ -14,6 +15,13 @@ from mainspring.api.routes import api_router
 from mainspring.billing.trace import TraceRecorder
 from mainspring.api.upstream import Upstreams
 from mainspring.config import Settings, get_settings
+
+
+def _flush_kv_cache(eng) -> None:
+    """Write the engine's cached prefix blocks to its KV disk tier (if any), so a restart keeps them.
+    Under the engine lock: should close() have timed out mid-step, the step finishes first."""
+    with eng._lock:
+        eng.engine.flush_kv_cache()
 
 
 def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None) -> FastAPI:
@@ -52,9 +60,11 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
         await app.state.batch_runner.stop()
         await app.state.upstreams.aclose()
         if owns_engine:
-            app.state.engine.close()
-            if app.state.fast_engine is not None:
-                app.state.fast_engine.close()
+            engines = [e for e in (app.state.engine, app.state.fast_engine) if e is not None]
+            for eng in engines:
+                eng.close()
+            for eng in engines:
+                await asyncio.to_thread(_flush_kv_cache, eng)
 
     app = FastAPI(title="Mainspring", version=__version__, lifespan=lifespan)
     app.state.engine = engine

@@ -98,6 +98,12 @@ class SamplingFields(BaseModel):
     min_p: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(None, ge=0)
+    # Mainspring's KV policy per request (engine/kv_policy.py); 0 turns the engine default off.
+    # A window lets the request run past the model's trained context in bounded memory.
+    attention_window: int | None = Field(None, ge=0)
+    attention_sinks: int | None = Field(None, ge=0)
+    kv_hot_tokens: int | None = Field(None, ge=0)
+    kv_snap_tokens: int | None = Field(None, ge=0)
 
     @property
     def include_usage(self) -> bool:

@@ -48,11 +48,12 @@ class AttentionMetadata:
         decode_rows: list[tuple[list[int], int]],
         prefill_rows: list[tuple[list[int], int, int]],
         block_size: int,
-        sparse_rows: list[tuple[list[int], dict[int, int], int, int, KVPolicy]] = (),
+        sparse_rows: list[tuple[list[int], dict[int, int], int, int, KVPolicy, int]] = (),
         inv_freq: torch.Tensor | None = None,
     ) -> "AttentionMetadata":
         """decode_rows: (block_table, ctx_len); prefill_rows: (block_table, start, num_tokens);
-        sparse_rows: (block_table, cold blocks, start, num_tokens, policy), RoPE's inv_freq needed.
+        sparse_rows: (block_table, cold blocks, start, num_tokens, policy, rows to observe for SnapKV),
+        RoPE's inv_freq needed.
 
         Rows are laid out decode first, then prefill chunks, then sparse rows, in the order given.
         """
@@ -70,9 +71,10 @@ class AttentionMetadata:
             prefills.append(PrefillSegment(q_start, num, ctx_len, ctx_slots if start else None))
             q_start += num
         sparse = []
-        for block_table, cold, start, num, policy in sparse_rows:
+        for block_table, cold, start, num, policy, *observe in sparse_rows:
             slots.append(torch.tensor([_slot(block_table, p, block_size) for p in range(start, start + num)]))
-            sparse.append(build_segment(q_start, block_table, cold, start, num, policy, block_size, inv_freq))
+            sparse.append(build_segment(q_start, block_table, cold, start, num, policy, block_size, inv_freq,
+                                        *observe))
             q_start += num
         return cls(torch.cat(slots) if slots else torch.empty(0, dtype=torch.long), decode, prefills, sparse)
 

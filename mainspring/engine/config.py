@@ -61,6 +61,10 @@ class EngineConfig:
     kv_policy: dict[str, Any] | None = None
     # longest sequence a windowed request may reach (its KV stays bounded; RoPE goes past training)
     max_window_model_len: int = 1 << 20
+    # disk tier of the prefix cache (engine/kv_offload.py), off at 0: evicted prefix blocks are
+    # written there and reloaded on reuse, and the cache survives a restart (flush_kv_cache)
+    kv_disk_cache_mb: int = 0
+    kv_disk_dir: str | None = None  # None = Settings().cache_dir / "kv"
 
     @classmethod
     def from_settings(cls, s: Any) -> "EngineConfig":
@@ -75,6 +79,9 @@ class EngineConfig:
             speculative=parse_speculative(getattr(s, "speculative", None)),
             quantization=parse_quantization(getattr(s, "quantization", None)),
             kv_policy=parse_kv_policy(getattr(s, "kv_policy", None)),
+            kv_disk_cache_mb=getattr(s, "kv_disk_cache_mb", 0),
+            # these settings' data dir, not the environment's (create_app may be given its own)
+            kv_disk_dir=str(s.cache_dir / "kv"),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence as Seq
 
 import torch
@@ -16,6 +17,7 @@ from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
 from mainspring.engine.kv_cache import BlockManager
+from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import engine_policy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
 from mainspring.engine.model import CausalLM
@@ -66,6 +68,8 @@ class LLMEngine:
         self.block_manager.cold_store = cold
         self.runner = ModelRunner(self.model, num_blocks, bs, cold)
         self.runner.warmup()
+        self.kv_disk = self._disk_tier(loaded)
+        self.block_manager.disk = self.kv_disk
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
         self.spec: SpeculativeDecoder | None = None
         if self.config.speculative:
@@ -93,6 +97,29 @@ class LLMEngine:
         n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
         return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
                            cfg.get("bits", 8))
+
+    def _disk_tier(self, loaded: LoadedModel) -> DiskKVTier | None:
+        """The prefix cache's disk tier, when kv_disk_cache_mb asks for one. Its files are keyed by
+        what makes the KV: the weights, the block layout and the quantization (int4 linears change
+        every K and V), so another model or variant never reads them."""
+        cfg, c = self.config, self.model_config
+        if cfg.kv_disk_cache_mb <= 0 or not cfg.enable_prefix_caching:
+            return None
+        root = Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else Settings().cache_dir / "kv"
+        variant = f"{cfg.quantization}-g{cfg.quant_group_size}" if self.quant_report is not None else ""
+        shape = (c.num_hidden_layers, cfg.block_size, c.num_key_value_heads, c.head_dim)
+        fingerprint = model_fingerprint(loaded.path, *shape, variant=variant)
+        disk = DiskKVCache(root, fingerprint, cfg.kv_disk_cache_mb, block_shape=shape)
+        log.info("KV disk tier: %s, %d blocks on disk, up to %d MB", disk.dir, len(disk), cfg.kv_disk_cache_mb)
+        return DiskKVTier(disk, self.runner.cache, cfg.block_size)
+
+    def flush_kv_cache(self) -> int:
+        """Write every cached prefix block the disk tier lacks, so a restart finds them all (call at
+        a clean shutdown, with no step running; a crash keeps only what eviction already wrote).
+        Returns the blocks written; 0 without a disk tier."""
+        if self.kv_disk is None:
+            return 0
+        return self.kv_disk.flush(self.block_manager.registered_blocks())
 
     def max_len(self, seq: Sequence) -> int:
         """Longest a sequence may grow: the model's context, or far past it under a sliding window."""
@@ -126,7 +153,8 @@ class LLMEngine:
         if any(not 0 <= t < self.model_config.vocab_size for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
         policy = request_policy(self.kv_policy, params.attention_window, params.attention_sinks,
-                                params.kv_hot_tokens, self.runner.cold_store is not None, self.config.block_size)
+                                params.kv_hot_tokens, self.runner.cold_store is not None, self.config.block_size,
+                                params.kv_snap_tokens)
         if policy is not None:
             # past the window or the hot span, a policy's deeper-layer KV differs from dense KV:
             # its blocks must never serve (or be served by) a request under another policy
@@ -303,5 +331,7 @@ class LLMEngine:
                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks}
         if self.spec is not None:
             out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
+        if self.kv_disk is not None:
+            out.update(self.kv_disk.stats())
         return out
 

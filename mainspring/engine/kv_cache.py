@@ -6,6 +6,10 @@ slot = block_id * block_size + offset. A FULL, computed block is identified by a
 SHA-256 hash (parent hash, its tokens, the request's cache_salt), so two requests that share a
 prefix share its blocks. Blocks whose ref_count drops to 0 go to an LRU free queue but keep their
 hash, so they stay hittable until the allocator hands them out again.
+
+With a disk tier (kv_offload.DiskKVTier) an evicted registered block is first written to disk, and
+a lookup that misses in memory continues there: such a hit is loaded into a fresh block at
+admission and registered like a computed one.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mainspring.engine.sequence import Sequence
+
+if TYPE_CHECKING:  # kv_offload imports torch; this module stays bookkeeping only
+    from mainspring.engine.kv_offload import DiskKVTier
 
 
 def hash_block_tokens(parent: bytes | None, token_ids: Seq[int], salt: str | None = None) -> bytes:
@@ -91,6 +99,8 @@ class BlockManager:
         # the cold tier's pool (kv_quant.ColdKVStore) when the engine has one: deallocate frees
         # a sequence's cold blocks there too
         self.cold_store = None
+        # the disk tier when the engine has one: evicted prefix blocks spill to it, lookups continue on it
+        self.disk: DiskKVTier | None = None
 
     # ---- pool state ---------------------------------------------------------------------
 
@@ -133,29 +143,41 @@ class BlockManager:
     # ---- prefix cache lookup -------------------------------------------------------------
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached chain for `seq` (what `allocate` would reuse).
+        """Block ids of `seq`'s longest cached chain up to its first disk hit (what `allocate`
+        reuses as they are; without a disk tier, the whole chain)."""
+        chain = self._match(seq)
+        return chain[: next((i for i, x in enumerate(chain) if isinstance(x, bytes)), len(chain))]
+
+    def _match(self, seq: Sequence) -> list[int | bytes]:
+        """The longest cached chain for `seq`: per block, its id if it is in memory, else its hash
+        if the disk tier holds it.
 
         Only blocks fully inside token_ids[: num_tokens - 1] qualify: the last token is always
         recomputed (its logits are needed) and new KV must never land in a shared block.
         """
         if not self.enable_prefix_caching:
             return []
-        bs, salt = self.block_size, seq.cache_salt
-        hits: list[int] = []
+        bs, salt, disk = self.block_size, seq.cache_salt, self.disk
+        chain: list[int | bytes] = []
         parent: bytes | None = None
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = hash_block_tokens(parent, tokens, salt)
             bid = self._cached.get(h)
-            if bid is None:
+            if bid is not None:
+                b = self.blocks[bid]
+                # A hash match alone is not trusted: compare the content the hash stands for.
+                if b.token_ids != tokens or b.parent_hash != parent or b.salt != salt:
+                    break
+                chain.append(bid)
+            elif disk is not None and h in disk:
+                # A disk block is trusted on its SHA-256 chain alone (parent, tokens and salt are all
+                # hashed; the file only repeats the hash): no token comparison is possible here.
+                chain.append(h)
+            else:
                 break
-            b = self.blocks[bid]
-            # A hash match alone is not trusted: compare the content the hash stands for.
-            if b.token_ids != tokens or b.parent_hash != parent or b.salt != salt:
-                break
-            hits.append(bid)
             parent = h
-        return hits
+        return chain
 
     def waits_for_prefix(self, seq: Sequence) -> bool:
         """True if the next blocks of `seq`'s longest cached chain are being computed right now
@@ -178,9 +200,16 @@ class BlockManager:
     def num_blocks_to_allocate(self, seq: Sequence, limit: int | None = None) -> int:
         """Free-pool blocks `allocate(seq, limit)` would consume: fresh blocks plus cache hits that
         are currently free (ref 0). Hits on blocks another sequence holds cost nothing."""
-        hits = self.cached_prefix(seq)
-        free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
-        return self._fresh_needed(seq, len(hits), limit) + free_hits
+        return self._cost(seq, self._match(seq), limit)
+
+    def _cost(self, seq: Sequence, chain: list[int | bytes], limit: int | None) -> int:
+        """A disk hit is loaded into a fresh block. A memory hit after one costs a block even if
+        another sequence holds it: should that load fail, everything after it is computed afresh."""
+        n, after_disk = 0, False
+        for x in chain:
+            after_disk = after_disk or isinstance(x, bytes)
+            n += after_disk or self.blocks[x].ref_count == 0
+        return n + self._fresh_needed(seq, len(chain), limit)
 
     # ---- allocation ------------------------------------------------------------------------
 
@@ -193,22 +222,22 @@ class BlockManager:
         gets blocks chunk by chunk (may_append), so a long prompt never holds them all at once."""
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.request_id!r} already holds blocks")
-        hits = self.cached_prefix(seq)
-        fresh = self._fresh_needed(seq, len(hits), limit)
-        free_hits = sum(1 for bid in hits if self.blocks[bid].ref_count == 0)
-        if fresh + free_hits > len(self._free):
+        chain = self._match(seq)
+        if self._cost(seq, chain, limit) > len(self._free):
             raise RuntimeError(f"out of KV blocks for {seq.request_id!r}; call can_allocate first")
-        # Take the hits out of the free queue BEFORE popping fresh blocks, so eviction can
-        # never hand us a block we are about to reuse.
-        for bid in hits:
-            b = self.blocks[bid]
-            if b.ref_count == 0:
-                del self._free[bid]
-            b.ref_count += 1
-        table = list(hits)
-        table.extend(self._pop_free() for _ in range(fresh))
+        # Take the memory hits out of the free queue BEFORE popping fresh blocks, so eviction
+        # can never hand us a block we are about to reuse.
+        for x in chain:
+            if isinstance(x, int):
+                b = self.blocks[x]
+                if b.ref_count == 0:
+                    del self._free[x]
+                b.ref_count += 1
+        table = self._load_chain(seq, chain) if self.disk is not None else chain
+        hits = len(table)
+        table.extend(self._pop_free() for _ in range(self._fresh_needed(seq, hits, limit)))
         seq.block_table = table
-        cached = len(hits) * self.block_size
+        cached = hits * self.block_size
         seq.num_cached_tokens = cached
         seq.num_computed_tokens = cached
         if seq.usage_cached_tokens is None:
@@ -216,7 +245,27 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._queries += seq.num_tokens
             self._hits += cached
-            self._track_pending(seq, len(hits))
+            self._track_pending(seq, hits)
+
+    def _load_chain(self, seq: Sequence, chain: list[int | bytes]) -> list[int]:
+        """Block ids for `chain`: memory hits as they are, disk hits loaded into fresh blocks and
+        registered. A failed load (file gone or corrupt) ends the chain there; the rest is computed."""
+        bs, table = self.block_size, []
+        for i, x in enumerate(chain):
+            if isinstance(x, bytes):
+                bid = self._pop_free()  # may spill an evicted block to disk first
+                if not self.disk.load(bid, x):
+                    self._release(bid)  # unhashed: back to the head of the free queue
+                    for y in chain[i + 1 :]:
+                        if isinstance(y, int):
+                            self._release(y)
+                    break
+                parent = self.blocks[table[-1]].hash if table else None
+                self._register(self.blocks[bid], x, tuple(seq.token_ids[i * bs : (i + 1) * bs]), parent,
+                               seq.cache_salt)
+                x = bid
+            table.append(x)
+        return table
 
     def _track_pending(self, seq: Sequence, first: int) -> None:
         bs = self.block_size
@@ -248,6 +297,8 @@ class BlockManager:
         # Evict: the block's old content is about to be overwritten.
         if b.hash is not None and self._cached.get(b.hash) == bid:
             del self._cached[b.hash]
+            if self.disk is not None:
+                self.disk.save(bid, b.hash)
         b._clear()
         b.ref_count = 1
         return bid
@@ -350,12 +401,22 @@ class BlockManager:
             b = self.blocks[table[j]]
             tokens = tuple(seq.token_ids[j * bs : (j + 1) * bs])
             h = hash_block_tokens(parent, tokens, seq.cache_salt)
-            b.hash, b.token_ids, b.parent_hash, b.salt = h, tokens, parent, seq.cache_salt
-            # An identical block already registered wins; ours stays an unregistered duplicate
-            # (block tables are append-only, so we never swap a table entry).
-            self._cached.setdefault(h, b.block_id)
+            self._register(b, h, tokens, parent, seq.cache_salt)
             parent = h
         self._untrack_pending(seq, below=full)
+
+    def _register(self, b: Block, h: bytes, tokens: tuple[int, ...], parent: bytes | None, salt: str | None) -> None:
+        b.hash, b.token_ids, b.parent_hash, b.salt = h, tokens, parent, salt
+        # An identical block already registered wins; ours stays an unregistered duplicate
+        # (block tables are append-only, so we never swap a table entry).
+        self._cached.setdefault(h, b.block_id)
+
+    def registered_blocks(self) -> list[tuple[int, bytes]]:
+        """(block id, hash) of every registered block, least recently used first: free ones in
+        eviction order, then the ones in use (what a flush to the disk tier writes)."""
+        held = [bid for bid in self._cached.values() if self.blocks[bid].ref_count]
+        blocks = ((bid, self.blocks[bid].hash) for bid in [*self._free, *held])
+        return [(bid, h) for bid, h in blocks if h is not None and self._cached.get(h) == bid]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (e.g. after weights change). Refused (False) while any

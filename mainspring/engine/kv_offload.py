@@ -17,6 +17,10 @@ index (what `in` answers) is this process's view and may be stale; get() always 
 so a block another process evicted is a miss and one it wrote is a hit. Each process enforces
 the capacity over the files it knows of.
 
+DiskKVTier binds a cache to one engine's hot pool (kv_cache.BlockManager.disk): a registered block
+is written when the allocator evicts it, and every registered block at a clean shutdown
+(LLMEngine.flush_kv_cache); a crash keeps only what was evicted or flushed before it.
+
 capacity_mb=0 is read-only: put() is a no-op and nothing is evicted, but get() still serves what
 is there (a warm cache shipped with a deployment, or a directory another process fills).
 """
@@ -266,3 +270,49 @@ class DiskKVCache:
             return None
         t = buf[_HEADER_LEN:].view(torch.float32).view(2, L, bs, kvh, d)
         return t[0], t[1]
+
+
+class DiskKVTier:
+    """A DiskKVCache bound to one engine's hot KV pool: what the BlockManager calls to spill an
+    evicted prefix block (save), to look a block up (`in`: the index only, no file system call)
+    and to fill a fresh block from disk (load)."""
+
+    def __init__(self, disk: DiskKVCache, cache: torch.Tensor, block_size: int) -> None:
+        self.disk = disk
+        self.cache = cache  # the runner's [layers, 2, slots, kv_heads, head_dim]; block b owns its
+        self.block_size = block_size  # slots [b * block_size, (b + 1) * block_size)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.disk
+
+    def _slots(self, block_id: int) -> slice:
+        return slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+
+    def save(self, block_id: int, block_hash: bytes) -> None:
+        if block_hash not in self.disk:  # a block loaded from disk is evicted without a write
+            kv = self.cache[:, :, self._slots(block_id)]
+            self.disk.put(block_hash, kv[:, 0], kv[:, 1])
+
+    def load(self, block_id: int, block_hash: bytes) -> bool:
+        """Copy the block's K/V into `block_id`'s slots; False (nothing written) if the file is
+        gone or bad."""
+        kv = self.disk.get(block_hash)
+        if kv is None:
+            return False
+        dst = self.cache[:, :, self._slots(block_id)]
+        dst[:, 0].copy_(kv[0])
+        dst[:, 1].copy_(kv[1])
+        return True
+
+    def flush(self, blocks: list[tuple[int, bytes]]) -> int:
+        """Write the (block id, hash) blocks the disk lacks, in order; returns how many it wrote."""
+        before = self.disk.stats().puts
+        for bid, h in blocks:
+            self.save(bid, h)
+        return self.disk.stats().puts - before
+
+    def stats(self) -> dict[str, int]:
+        s = self.disk.stats()
+        return {"kv_disk_blocks": s.num_blocks, "kv_disk_bytes": s.nbytes, "kv_disk_hits": s.hits,
+                "kv_disk_misses": s.misses, "kv_disk_writes": s.puts, "kv_disk_evictions": s.evictions,
+                "kv_disk_corrupt": s.corrupt}

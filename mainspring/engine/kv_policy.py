@@ -9,6 +9,11 @@ A policy turns the paged cache from "every token, fp32, forever" into a bounded 
   into the cold store (int8 / int4, KIVI layout: engine/kv_quant.py) and their fp32 block is
   released. Attention reads the mixed-precision blocks (sparse_attention.py).
 
+- snap_tokens: once the prompt is in, keep only `snap_tokens` of it (SnapKV, arXiv 2404.14469, at
+  block granularity): the sink block, the last blocks, and the blocks the prompt's last
+  SNAP_OBSERVE queries attend to most, summed over heads and layers. Decode then reads the kept
+  blocks only. For dense attention (no window): the window already bounds a windowed sequence.
+
 Sink blocks (the ones holding the first `sink_tokens`) are never dropped or quantized: the
 attention mass they absorb is what keeps a windowed model stable.
 
@@ -23,9 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from mainspring.engine.errors import InvalidRequestError
 
 DEFAULT_SINK_TOKENS = 4
+SNAP_OBSERVE = 32  # SnapKV's observation window: the prompt's last queries vote for the blocks to keep
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class KVPolicy:
     window: int | None = None  # tokens attended besides sinks; None = dense
     sink_tokens: int = DEFAULT_SINK_TOKENS
     hot_tokens: int | None = None  # None = no cold tier
+    snap_tokens: int | None = None  # None = keep the whole prompt
 
     @property
     def bounded(self) -> bool:
@@ -41,7 +50,7 @@ class KVPolicy:
 
     @property
     def is_dense(self) -> bool:
-        return self.window is None and self.hot_tokens is None
+        return self.window is None and self.hot_tokens is None and self.snap_tokens is None
 
     def sink_blocks(self, block_size: int) -> int:
         return -(-self.sink_tokens // block_size) if self.sink_tokens else 0
@@ -53,6 +62,12 @@ class KVPolicy:
             raise InvalidRequestError(f"attention_window must be at least {2 * block_size} tokens (two KV blocks)")
         if self.hot_tokens is not None and self.hot_tokens < 2 * block_size:
             raise InvalidRequestError(f"kv_hot_tokens must be at least {2 * block_size} tokens (two KV blocks)")
+        if self.snap_tokens is not None:
+            if self.window is not None:
+                raise InvalidRequestError("kv_snap_tokens applies to dense attention; drop attention_window "
+                                          "(a window already bounds the KV)")
+            if self.snap_tokens < SNAP_OBSERVE + 3 * block_size:
+                raise InvalidRequestError(f"kv_snap_tokens must be at least {SNAP_OBSERVE + 3 * block_size} tokens")
         if not 0 <= self.sink_tokens <= 1024:
             raise InvalidRequestError("attention_sinks must be between 0 and 1024")
         return self
@@ -92,6 +107,21 @@ def plan_blocks(policy: KVPolicy, block_table: list[int], cold: Mapping[int, int
     return BlockPlan(drop, demote, drop_to, max(demote_to, drop_to))
 
 
+def snap_plan(policy: KVPolicy, block_table: list[int], cold: Mapping[int, int], num_computed: int,
+              scores: torch.Tensor, key_pos: torch.Tensor, block_size: int) -> list[int]:
+    """SnapKV's eviction: the prompt blocks to release, given the attention mass `scores` that the
+    prompt's last queries gave each key (at `key_pos`). Keeps the sink block, the blocks of the
+    observation window and the partial last block, then the most-attended blocks up to the budget."""
+    bs = block_size
+    held = [i for i in range(len(block_table)) if block_table[i] >= 0 or i in cold]
+    mass = torch.zeros(len(block_table)).index_add_(0, key_pos // bs, scores)
+    keep = set(range(policy.sink_blocks(bs))) | set(range(max(0, (num_computed - SNAP_OBSERVE) // bs),
+                                                          len(block_table)))
+    room = policy.snap_tokens // bs - sum(1 for i in held if i in keep)
+    ranked = sorted((i for i in held if i not in keep), key=lambda i: -float(mass[i]))
+    return sorted(ranked[max(room, 0):])
+
+
 def parse_kv_policy(value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The settings knob: "" / "dense" -> None; a JSON object; or "window=1024,sinks=4,hot=256"."""
     if value is None or isinstance(value, Mapping):
@@ -108,9 +138,9 @@ def parse_kv_policy(value: str | Mapping[str, Any] | None) -> dict[str, Any] | N
             if not eq:
                 raise ValueError(f"kv policy option {opt!r} must be key=value (window, sinks, hot, bits)")
             out[key.strip()] = int(val)
-    unknown = set(out) - {"window", "sinks", "hot", "bits"}
+    unknown = set(out) - {"window", "sinks", "hot", "bits", "snap"}
     if unknown:
-        raise ValueError(f"unknown kv policy option(s) {sorted(unknown)}; known: window, sinks, hot, bits")
+        raise ValueError(f"unknown kv policy option(s) {sorted(unknown)}; known: window, sinks, hot, bits, snap")
     if out.get("bits", 8) not in (4, 8):
         raise ValueError("kv policy bits must be 8 or 4")
     return out
@@ -119,11 +149,11 @@ def parse_kv_policy(value: str | Mapping[str, Any] | None) -> dict[str, Any] | N
 def engine_policy(cfg: Mapping[str, Any] | None) -> KVPolicy:
     cfg = cfg or {}
     return KVPolicy(window=cfg.get("window"), sink_tokens=cfg.get("sinks", DEFAULT_SINK_TOKENS),
-                    hot_tokens=cfg.get("hot"))
+                    hot_tokens=cfg.get("hot"), snap_tokens=cfg.get("snap"))
 
 
 def request_policy(default: KVPolicy, window: int | None, sinks: int | None, hot_tokens: int | None,
-                   cold_available: bool, block_size: int) -> KVPolicy | None:
+                   cold_available: bool, block_size: int, snap_tokens: int | None = None) -> KVPolicy | None:
     """The engine default overlaid with a request's own choices; 0 turns a feature off.
     Returns None for plain dense attention (the fast cascade path)."""
     p = default
@@ -135,6 +165,8 @@ def request_policy(default: KVPolicy, window: int | None, sinks: int | None, hot
         if hot_tokens and not cold_available:
             raise InvalidRequestError("kv_hot_tokens needs the engine's cold KV tier (MAINSPRING_KV_POLICY bits=8|4)")
         p = replace(p, hot_tokens=hot_tokens or None)
+    if snap_tokens is not None:
+        p = replace(p, snap_tokens=snap_tokens or None)
     if p.is_dense:
         return None
     return p.validate(block_size)

@@ -6,7 +6,7 @@ import torch
 
 from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.kv_cache import BlockManager
-from mainspring.engine.kv_policy import plan_blocks
+from mainspring.engine.kv_policy import SNAP_OBSERVE, plan_blocks, snap_plan
 from mainspring.engine.model import CausalLM
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
@@ -43,6 +43,12 @@ class ModelRunner:
             p = seq.kv_policy
             if p is None or not seq.block_table:
                 continue
+            if seq.snap_scores is not None:  # the prompt is in: SnapKV keeps what its last queries read
+                scores, key_pos = seq.snap_scores
+                seq.snap_scores, seq.kv_snapped = None, True
+                evict = snap_plan(p, seq.block_table, seq.cold_blocks, seq.num_computed_tokens, scores, key_pos, bs)
+                if evict:
+                    block_manager.release(seq, evict)
             plan = plan_blocks(p, seq.block_table, seq.cold_blocks, seq.num_computed_tokens, bs,
                                seq.kv_drop_from, seq.kv_demote_from)
             seq.kv_drop_from, seq.kv_demote_from = plan.drop_to, plan.demote_to
@@ -121,9 +127,18 @@ class ModelRunner:
             [(s.seq.block_table, s.seq.num_computed_tokens + 1) for s in decodes],
             [(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens) for s in prefills],
             self.block_size,
-            [(s.seq.block_table, s.seq.cold_blocks, s.seq.num_computed_tokens, s.num_tokens, s.seq.kv_policy)
-             for s in sparse],
+            [(s.seq.block_table, s.seq.cold_blocks, s.seq.num_computed_tokens, s.num_tokens, s.seq.kv_policy,
+              self._observe(s)) for s in sparse],
             self.model.rope.inv_freq,
         )
         hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta)
+        for s, seg in zip(sparse, meta.sparse):
+            if seg.scores is not None:
+                s.seq.snap_scores = (seg.scores, seg.key_pos)
         return hidden, decodes, chunks
+
+    @staticmethod
+    def _observe(s: ScheduledSeq) -> int:
+        """SnapKV watches the chunk that completes a prompt, once per admission."""
+        p = s.seq.kv_policy
+        return SNAP_OBSERVE if p.snap_tokens is not None and not s.seq.kv_snapped and s.samples else 0

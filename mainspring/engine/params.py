@@ -41,6 +41,7 @@ class SamplingParams:
     attention_window: int | None = None
     attention_sinks: int | None = None
     kv_hot_tokens: int | None = None
+    kv_snap_tokens: int | None = None
 
     @property
     def guided(self) -> bool:
@@ -90,7 +91,7 @@ class SamplingParams:
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int)):
             bad("logprobs", "must be an integer or null")
-        for name in ("attention_window", "attention_sinks", "kv_hot_tokens"):
+        for name in ("attention_window", "attention_sinks", "kv_hot_tokens", "kv_snap_tokens"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 bad(name, "must be a non-negative integer or null (0 turns it off)")

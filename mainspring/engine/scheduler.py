@@ -179,6 +179,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._remove(seq)
         self.block_manager.deallocate(seq)
+        seq.kv_snapped, seq.snap_scores = False, None  # recomputed from scratch: SnapKV votes again
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

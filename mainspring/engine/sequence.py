@@ -48,6 +48,10 @@ class Sequence:
     cold_blocks: dict[int, int] = field(default_factory=dict)
     kv_drop_from: int = 0
     kv_demote_from: int = 0
+    # SnapKV: the prompt's last queries' attention per key (scores, key positions), until the
+    # policy has evicted by it; kv_snapped once it has (reset when the sequence is recomputed)
+    snap_scores: tuple | None = None
+    kv_snapped: bool = False
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

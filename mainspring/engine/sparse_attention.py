@@ -13,6 +13,13 @@ re-rotating the sink keys per query we rotate the query back by the same distanc
 
 Long chunks are split into query tiles, each reading only the key range its window covers: the
 prefill is block-sparse, O(n · window) instead of O(n²).
+
+SnapKV (arXiv 2404.14469): on a prompt's last chunk a segment can `observe` its last rows'
+attention per key: summed over those rows, the most attentive head's sum, summed over layers. The
+policy then keeps the prompt blocks those queries read. The max over heads, not the sum, is what
+lets a few retrieval heads outvote the many heads that only look at the sinks and recent tokens (a
+summed vote ranked a needle's block 11th of 40; the max ranks it first after the recent blocks).
+Blocks it evicts leave holes; the sequence then only decodes.
 """
 
 from __future__ import annotations
@@ -47,23 +54,35 @@ class SparseSegment:
     runs: list[tuple[str, torch.Tensor, int, int]]  # (kind "hot"|"cold", slots|cold ids, skip, take)
     tiles: list[Tile] = field(default_factory=list)
     sink_slots: torch.Tensor | None = None
+    observe: int = 0  # SnapKV: vote with the attention of the last `observe` rows into `scores`
+    scores: torch.Tensor | None = None  # [C] per gathered key: max over heads of the rows' sum, + over layers
+    key_pos: torch.Tensor | None = None  # [C] text position of each gathered key (when observing)
 
 
 def build_segment(q_start: int, block_table: list[int], cold: dict[int, int], start: int, num_tokens: int,
-                  policy: KVPolicy, block_size: int, inv_freq: torch.Tensor) -> SparseSegment:
+                  policy: KVPolicy, block_size: int, inv_freq: torch.Tensor, observe: int = 0) -> SparseSegment:
     """Metadata for queries at positions [start, start + num_tokens) of one sequence."""
     end, bs, w = start + num_tokens, block_size, policy.window
     lo = max(0, start - w + 1) if w is not None else 0
     runs: list[tuple[str, torch.Tensor, int, int]] = []
     kind, ids, skip, take = None, [], 0, 0
+    holes, key_pos = False, []
     for b in range(lo // bs, (end - 1) // bs + 1):
         first, last = max(lo, b * bs), min(end, (b + 1) * bs)
         if block_table[b] >= 0:
             k, unit = "hot", list(range(block_table[b] * bs + first - b * bs, block_table[b] * bs + last - b * bs))
         elif b in cold:
             k, unit = "cold", [cold[b]]
+        elif policy.snap_tokens is not None:  # evicted by SnapKV: not attended any more
+            holes = True
+            if kind is not None:
+                runs.append((kind, torch.tensor(ids, dtype=torch.long), skip, take))
+            kind, ids, take = None, [], 0
+            continue
         else:
             raise RuntimeError(f"KV block {b} was released but position {first} is still attended")
+        if observe:
+            key_pos.extend(range(first, last))
         if k != kind and kind is not None:
             runs.append((kind, torch.tensor(ids, dtype=torch.long), skip, take))
             ids, take = [], 0
@@ -72,8 +91,17 @@ def build_segment(q_start: int, block_table: list[int], cold: dict[int, int], st
         kind = k
         ids.extend(unit)
         take += last - first
-    runs.append((kind, torch.tensor(ids, dtype=torch.long), skip, take))
+    if kind is not None:
+        runs.append((kind, torch.tensor(ids, dtype=torch.long), skip, take))
     seg = SparseSegment(q_start, num_tokens, runs)
+    if holes:
+        if num_tokens != 1 or w is not None:
+            raise RuntimeError("a sequence with evicted KV blocks can only decode, one token a step")
+        seg.tiles.append(Tile(0, 1, 0, sum(r[3] if r[0] == "cold" else len(r[1]) for r in runs), None))
+        return seg
+    if observe:
+        seg.observe, seg.key_pos = min(observe, num_tokens), torch.tensor(key_pos)
+        seg.scores = torch.zeros(len(key_pos))
     sinks = min(policy.sink_tokens, end) if w is not None else 0
     if sinks and end - w > 0:  # the window of the last query has left position 0
         seg.sink_slots = torch.tensor([block_table[p // bs] * bs + p % bs for p in range(sinks)])
@@ -160,6 +188,9 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             num_sinks = ss.shape[-1]
             s = torch.cat([ss, s], dim=-1)
         p = torch.softmax(s, dim=-1)
+        if seg.scores is not None and t.q1 > seg.q_len - seg.observe:
+            r0 = max(0, seg.q_len - seg.observe - t.q0)
+            seg.scores[t.k0 : t.k1] += p.view(kvh, g, m, -1)[:, :, r0:, num_sinks:].sum(dim=2).amax(dim=(0, 1))
         o = torch.bmm(p[..., num_sinks:], vT[:, t.k0 : t.k1])  # [KVH, G*m, D]
         if num_sinks:
             o += torch.bmm(p[..., :num_sinks], vs)

@@ -178,3 +178,28 @@ def test_generation_with_a_cold_tier_frees_both_tiers(embedded):
     plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=40))[0]
     # int8 keys and values barely move the logits: the greedy text starts the same
     assert out.token_ids[:10] == plain.token_ids[:10]
+
+
+def test_snapkv_keeps_the_block_a_question_needs(engine, embedded):
+    """A needle in 600 tokens of license text, asked for at the end. With 128 tokens of KV kept,
+    SnapKV's vote keeps the needle's block and the model still answers; a window of the same size
+    has lost it."""
+    tok = embedded.tokenizer
+    filler = tok.decode(text_ids(embedded, 600))
+    cut = filler.find("\n\n", len(filler) // 3)
+    prompt = (filler[:cut] + "\n\nNote: the secret launch code is 7351.\n\n" + filler[cut:]
+              + "\n\nQuestion: What is the secret launch code?\nAnswer: The secret launch code is")
+    answers = {}
+    for name, extra in (("dense", {}), ("snap", {"kv_snap_tokens": 128}), ("window", {"attention_window": 128})):
+        rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=6, **extra))
+        seq, held = engine._requests[rid].seq, 0
+        while engine.has_unfinished():
+            for o in engine.step():
+                answers[name] = o.text if o.finished else answers.get(name)
+            if seq.block_table:
+                held = sum(1 for b in seq.block_table if b >= 0)
+        if name != "dense":
+            assert held <= 128 // 16 + 2  # the budget, plus the block decode is writing into
+    assert answers["dense"].startswith(" 7351")  # digits are single tokens: 4 of the 6
+    assert answers["snap"].startswith(" 7351")
+    assert "7351" not in answers["window"]

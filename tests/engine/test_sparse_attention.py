@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mainspring.engine.attention import AttentionMetadata, paged_attention
-from mainspring.engine.kv_policy import KVPolicy, plan_blocks
+from mainspring.engine.kv_policy import KVPolicy, plan_blocks, snap_plan
 from mainspring.engine.layers import RotaryEmbedding
 from mainspring.engine.sparse_attention import QUERY_TILE
 
@@ -154,3 +154,39 @@ def test_rope_table_grows_past_the_trained_context_exactly():
     half = D // 2
     want = x * emb.cos() + torch.cat([-x[..., half:], x[..., :half]], -1) * emb.sin()
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_snapkv_observation_votes_with_the_last_queries_attention_per_key():
+    r = rope()
+    n = 300  # two query tiles; the observed (last 32) rows all sit in the second
+    q_raw, k_raw, v, table, k_cache, v_cache = paged(n, seed=3)
+    r.ensure(torch.arange(n))
+    (k_rot,) = r(torch.arange(n), k_raw)
+    (q_rot,) = r(torch.arange(n), q_raw)
+    policy = KVPolicy(snap_tokens=256)
+    meta = AttentionMetadata.build([], [], BS, [(table, {}, 0, n, policy, 32)], r.inv_freq)
+    paged_attention(q_rot, k_rot, v, (k_cache, v_cache), meta, D**-0.5)
+    seg = meta.sparse[0]
+    assert seg.key_pos.tolist() == list(range(n))
+    # per key: the 32 observed rows' attention summed per head, the most attentive head's sum
+    per_head = torch.zeros(KVH, G, n)
+    for i in range(n - 32, n):
+        (qi,) = r(torch.tensor([i]), q_raw[i][None])
+        w = torch.einsum("hgd,khd->hgk", qi[0].view(KVH, G, D), k_rot[: i + 1]) * D**-0.5
+        per_head[..., : i + 1] += w.softmax(-1)
+    torch.testing.assert_close(seg.scores, per_head.amax(dim=(0, 1)), atol=1e-4, rtol=1e-4)
+    assert float(seg.scores.max()) <= 32 + 1e-4 and float(seg.scores[: n - 32].min()) > 0
+
+
+def test_snap_plan_keeps_sinks_recent_and_most_attended_blocks_within_budget():
+    policy = KVPolicy(snap_tokens=96)  # 6 blocks
+    table = list(range(12))  # 190 tokens computed: blocks 0..11, the last one partial
+    key_pos = torch.arange(190)
+    scores = torch.zeros(190)
+    scores[5 * BS + 3] = 5.0  # block 5 is what the question looks at
+    scores[8 * BS] = 2.0
+    scores[2 * BS] = 1.0
+    drop = snap_plan(policy, table, {}, 190, scores, key_pos, BS)
+    kept = sorted(set(range(12)) - set(drop))
+    # block 0 (sinks), blocks 9..11 (the last 32 tokens and the partial block), then 5 and 8 by mass
+    assert kept == [0, 5, 8, 9, 10, 11] and drop == [1, 2, 3, 4, 6, 7]

@@ -77,7 +77,9 @@ def fit_max_tokens(max_model_len: int, prompt_tokens: int, requested: int | None
     return room if requested is None else min(requested, room)
 
 
-_PARAM_NAMES = {"max_tokens": "max_tokens", "logprobs": "top_logprobs", "stop": "stop"}
+_PARAM_NAMES = {"max_tokens": "max_tokens", "logprobs": "top_logprobs", "stop": "stop",
+                "attention_window": "attention_window", "attention_sinks": "attention_sinks",
+                "kv_hot_tokens": "kv_hot_tokens", "kv_snap_tokens": "kv_snap_tokens"}
 
 
 def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: int | None = None,
@@ -87,7 +89,10 @@ def sampling_params(body: SamplingFields, *, max_tokens: int, logprobs: int | No
         raise APIError(400, "logit_bias is not supported by this server", param="logit_bias")
     extras = {k: v for k, v in (("top_k", body.top_k), ("min_p", body.min_p),
                                 ("repetition_penalty", body.repetition_penalty),
-                                ("min_tokens", body.min_tokens)) if v is not None}
+                                ("min_tokens", body.min_tokens), ("attention_window", body.attention_window),
+                                ("attention_sinks", body.attention_sinks), ("kv_hot_tokens", body.kv_hot_tokens),
+                                ("kv_snap_tokens", body.kv_snap_tokens))
+              if v is not None}
     try:
         return SamplingParams(
             temperature=body.temperature, top_p=body.top_p, presence_penalty=body.presence_penalty,

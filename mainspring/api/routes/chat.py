@@ -124,7 +124,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     prompt_ids = tokenizer.encode(render_prompt(tokenizer, normalize_messages(body.messages), tools, choice))
     if getattr(request.app.state, "trace_recorder", None) is not None:  # counts and hashes only, no text
         request.state.trace_segments = segments_from_messages(normalize_messages(body.messages), tokenizer, tools)
-    max_tokens = fit_max_tokens(model.max_model_len, len(prompt_ids),
+    max_tokens = fit_max_tokens(model.context_len(body), len(prompt_ids),
                                 body.max_completion_tokens or body.max_tokens, "messages")
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")

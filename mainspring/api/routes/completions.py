@@ -71,7 +71,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     jobs: list[Job] = []
     base = None
     for g, ids in enumerate(prompts):
-        max_tokens = fit_max_tokens(model.max_model_len, len(ids), body.max_tokens,
+        max_tokens = fit_max_tokens(model.context_len(body), len(ids), body.max_tokens,
                                     "prompt" if len(prompts) == 1 else f"prompt[{g}]")
         base = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs) if base is None \
             else dataclasses.replace(base, max_tokens=max_tokens)

@@ -104,7 +104,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     if not messages:
         raise bad_request("messages: give at least one user message")
     prompt_ids = tokenizer.encode(render_prompt(tokenizer, messages, tools, choice) + prefill)
-    max_tokens = fit_max_tokens(model.max_model_len, len(prompt_ids), body.max_tokens, "messages")
+    max_tokens = fit_max_tokens(model.context_len(body), len(prompt_ids), body.max_tokens, "messages")
     stops = body.stop_sequences or []
     try:
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p or 1.0, top_k=body.top_k or 0,

@@ -35,6 +35,15 @@ class ServedModel:
         eng = self.engine.engine
         return min(eng.max_model_len, eng.block_manager.num_blocks * eng.config.block_size)
 
+    def context_len(self, body: object = None) -> int:
+        """The usable context for one request: far past the model's own under a sliding window
+        (the request's attention_window, else the engine's default policy), whose KV stays bounded."""
+        eng = self.engine.engine
+        window = getattr(body, "attention_window", None)
+        if (window if window is not None else eng.kv_policy.window):
+            return eng.config.max_window_model_len
+        return self.max_model_len
+
 
 def served_models(request: Request) -> list[ServedModel]:
     eng: AsyncLLMEngine = request.app.state.engine
