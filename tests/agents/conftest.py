@@ -96,6 +96,17 @@ def make_runtime(tmp_path: Path, db_url: str, model: ChatModel, tools: dict, **s
     return AgentRuntime(s, models=lambda name: model, tools=tools, db_url=db_url)
 
 
+def drive(runtime: AgentRuntime, body):
+    """Run `body()` (a coroutine function) with the runtime started, and stop it afterwards."""
+    async def main():
+        await runtime.start()
+        try:
+            return await body()
+        finally:
+            await runtime.stop()
+    return asyncio.run(main())
+
+
 def spec(name: str = "tester", tools=("count",), **limits: Any) -> AgentSpec:
     return AgentSpec(name=name, model="policy", tools=list(tools), limits=AgentLimits(**limits))
 

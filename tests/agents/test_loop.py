@@ -8,17 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from mainspring.models import OpenAICompatibleModel
-from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, make_runtime, spec, wait_status
-
-
-def drive(runtime, body):
-    async def main():
-        await runtime.start()
-        try:
-            return await body()
-        finally:
-            await runtime.stop()
-    return asyncio.run(main())
+from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, drive, make_runtime, spec, wait_status
 
 
 def test_a_run_calls_a_tool_and_answers_from_its_result(tmp_path, db_url):

@@ -14,17 +14,7 @@ from mainspring.agents.tables import EventRow, StepRow, ToolCallRow
 from mainspring.agents.tools.base import openai_schema
 from mainspring.engine.outputs import Usage
 from mainspring.store.db import get_engine, session
-from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, make_runtime, spec, wait_status
-
-
-def drive(rt, body):
-    async def main():
-        await rt.start()
-        try:
-            return await body()
-        finally:
-            await rt.stop()
-    return asyncio.run(main())
+from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, drive, make_runtime, spec, wait_status
 
 
 def journal_now(db_url, run_id):
