@@ -91,12 +91,13 @@ class LLMEngine:
         from mainspring.engine.kv_quant import ColdKVStore
 
         c = self.model_config
+        group = min(32, c.head_dim)  # KIVI's value groups of 32 channels, or the whole head if smaller
         probe = ColdKVStore(c.num_hidden_layers, 1, self.config.block_size, c.num_key_value_heads, c.head_dim,
-                            cfg.get("bits", 8))
+                            cfg.get("bits", 8), group)
         per_block = probe.bytes_per_token() * self.config.block_size
         n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
         return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
-                           cfg.get("bits", 8))
+                           cfg.get("bits", 8), group)
 
     def _disk_tier(self, loaded: LoadedModel) -> DiskKVTier | None:
         """The prefix cache's disk tier, when kv_disk_cache_mb asks for one. Its files are keyed by
@@ -333,5 +334,8 @@ class LLMEngine:
             out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
         if self.kv_disk is not None:
             out.update(self.kv_disk.stats())
+        cold = self.runner.cold_store
+        if cold is not None:
+            out.update(kv_cold_blocks=cold.num_blocks, kv_cold_free_blocks=cold.num_free_blocks, kv_cold_bits=cold.bits)
         return out
 

@@ -203,3 +203,21 @@ def test_snapkv_keeps_the_block_a_question_needs(engine, embedded):
     assert answers["dense"].startswith(" 7351")  # digits are single tokens: 4 of the 6
     assert answers["snap"].startswith(" 7351")
     assert "7351" not in answers["window"]
+
+
+def test_mixed_policies_in_one_batch_finish_and_free_every_tier(embedded):
+    """Window + cold tier, SnapKV + cold tier, SnapKV sampled and dense, batched in one engine with
+    small chunks: all finish, and both the hot pool and the cold store are whole afterwards."""
+    eng = LLMEngine(tiny_model(embedded, 512), EngineConfig(kv_cache_mb=8, kv_policy={"bits": 4},
+                                                            max_num_batched_tokens=64))
+    prompt = [100 + (i * 13) % 700 for i in range(300)]
+    params = [SamplingParams(temperature=0, max_tokens=80, ignore_eos=True, attention_window=96, kv_hot_tokens=48),
+              SamplingParams(temperature=0, max_tokens=80, ignore_eos=True, kv_snap_tokens=160, kv_hot_tokens=64),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=80, ignore_eos=True, kv_snap_tokens=160),
+              SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)]
+    outs = eng.generate([prompt] * 4, params)
+    assert [len(o.token_ids) for o in outs] == [80] * 4
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    assert eng.runner.cold_store.num_free_blocks == eng.runner.cold_store.num_blocks
+    stats = eng.stats()
+    assert stats["kv_cold_bits"] == 4 and stats["kv_cold_free_blocks"] == stats["kv_cold_blocks"] > 0
