@@ -1,4 +1,5 @@
-"""The `mainspring` command line: serve, up/down, chat, generate, keys, usage, sim, sandbox, run, runs, audit."""
+"""The `mainspring` command line: serve, up/down, chat, generate, perplexity, keys, usage, sim, sandbox, run, runs,
+audit, scene."""
 
 from __future__ import annotations
 
@@ -204,6 +205,7 @@ def _register_subcommands() -> None:
     from mainspring.sandbox.cli import sandbox_app
     from mainspring.agents.cli import audit_app, run_cmd, runs_app
     from mainspring.scenes.cli import app as scene_app
+    from mainspring.engine.cli import perplexity_cmd
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -213,6 +215,7 @@ def _register_subcommands() -> None:
     app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, resume, budget")
     app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
+    app.command("perplexity", help="perplexity of a text file under a KV policy (window, sinks, cold tier)")(perplexity_cmd)
 
 
 _register_subcommands()

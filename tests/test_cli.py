@@ -68,3 +68,23 @@ def test_up_serves_health_then_down(embedded, tmp_path):
 def test_malformed_setting_exits_2():
     proc = run("generate", "hi", env={"MAINSPRING_PORT": "abc"})
     assert proc.returncode == 2 and "MAINSPRING_PORT" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_perplexity_scores_a_file_under_a_window_and_dense(embedded):
+    proc = run("perplexity", "/usr/share/common-licenses/GPL-3", "--tokens", "400", "--window", "64", "--compare",
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    runs = {r["policy"]: r for r in json.loads(proc.stdout)["runs"]}
+    dense, windowed = runs["dense fp32"], runs["window 64 + 4 sinks"]
+    assert dense["tokens"] == windowed["tokens"] == 400
+    assert 1 < dense["ppl"] < windowed["ppl"] < 100  # a 64-token window loses some context
+    assert windowed["peak_kv_mb"] < dense["peak_kv_mb"]
+
+
+def test_perplexity_bad_input_exits_2(embedded, tmp_path):
+    proc = run("perplexity", str(tmp_path / "missing.txt"))
+    assert proc.returncode == 2 and "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("perplexity", "/usr/share/common-licenses/BSD", "--window", "8")
+    assert proc.returncode == 2 and "--window must be at least 32" in proc.stderr
