@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from readme_table import update_readme  # noqa: E402
+from readme_table import write_table  # noqa: E402
 
 from mainspring.agents.runtime import AgentRuntime  # noqa: E402
 from mainspring.agents.spec import AgentLimits, AgentSpec  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--update-readme", action="store_true")
     args = ap.parse_args()
     if args.update_readme:
-        update_readme("agent_runtime", markdown(json.loads(Path(args.out).read_text())))
+        write_table("agent_runtime", args.out, markdown)
         return
     with tempfile.TemporaryDirectory() as d:
         bare = asyncio.run(bare_loop(args.steps))

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from readme_table import update_readme  # noqa: E402
+from readme_table import write_table  # noqa: E402
 
 WORKLOADS = {
     "a": dict(title="single-stream decode, 128 tokens", metric="decode tok/s"),
@@ -156,7 +156,7 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads)), flush=True)
         return
     if args.update_readme:
-        update_readme("engine", markdown(json.loads(Path(args.out).read_text())))
+        write_table("engine", args.out, markdown)
         return
     engines = [e for e in args.engines.split(",") if e]
     results = []

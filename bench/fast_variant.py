@@ -103,9 +103,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.update_readme:
         sys.path.insert(0, str(ROOT / "bench"))
-        from readme_table import update_readme
+        from readme_table import write_table
 
-        update_readme("fast_variant", markdown(json.loads(Path(args.out).read_text())))
+        write_table("fast_variant", args.out, markdown)
         return
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.threads, args.repeats, args.prompt)), flush=True)

@@ -112,6 +112,7 @@ def section_kvquant(loaded, ids: list[int], hot: int, threads: int) -> dict:
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
     from mainspring.engine.kv_policy import KVPolicy
+    from mainspring.engine.kv_quant import ColdKVStore
     from mainspring.engine.perplexity import perplexity
 
     out = {"tokens": len(ids), "hot_tokens": hot, "rows": []}
@@ -123,7 +124,7 @@ def section_kvquant(loaded, ids: list[int], hot: int, threads: int) -> dict:
         t = time.perf_counter()
         r = perplexity(eng, ids, policy, chunk=32, progress=True)
         c = loaded.config
-        fp32 = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+        fp32 = ColdKVStore.fp32_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
         per_token = eng.runner.cold_store.bytes_per_token() if bits else fp32
         row = {"kv": f"int{bits}" if bits else "fp32", "ppl": round(r.ppl(), 4), "cold_bytes_per_token": per_token,
                "cold_ratio": round(fp32 / per_token, 2), "kv_mb_at_end": round(r.kv_bytes_peak / 2**20, 1),
@@ -222,9 +223,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.update_readme:
         sys.path.insert(0, str(ROOT / "bench"))
-        from readme_table import update_readme
+        from readme_table import write_table
 
-        update_readme("long_context", markdown(json.loads(Path(args.out).read_text())))
+        write_table("long_context", args.out, markdown)
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -233,6 +234,7 @@ def main() -> None:
     from mainspring.config import get_settings
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.kv_quant import ColdKVStore
     from mainspring.engine.loader import load_model
 
     s = get_settings()
@@ -249,7 +251,8 @@ def main() -> None:
         # the largest dense context decides the pool: 64k tokens x 46 KB
         c = loaded.config
         need_tokens = max(lengths + [c.max_position_embeddings]) + 1024
-        mb = need_tokens * c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4 // 2**20 + 64
+        per_token = ColdKVStore.fp32_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        mb = need_tokens * per_token // 2**20 + 64
         engine = LLMEngine(loaded, EngineConfig(kv_cache_mb=mb, threads=args.threads))
         if "ppl" in sections:
             ids = long_text(loaded.tokenizer, args.tokens)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -15,3 +17,8 @@ def update_readme(name: str, markdown: str) -> None:
     head, _, rest = text.partition(start)
     _, _, tail = rest.partition(end)
     README.write_text(f"{head}{start}\n{markdown}\n{end}{tail}")
+
+
+def write_table(name: str, results: str | Path, markdown: Callable[[dict], str]) -> None:
+    """The `--update-readme` of every bench: render its saved results JSON into README.md."""
+    update_readme(name, markdown(json.loads(Path(results).read_text())))

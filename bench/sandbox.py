@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from readme_table import update_readme  # noqa: E402
+from readme_table import write_table  # noqa: E402
 
 from mainspring.config import Settings  # noqa: E402
 from mainspring.sandbox import Sandbox  # noqa: E402
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
     args = ap.parse_args()
     if args.update_readme:
-        update_readme("sandbox", markdown(json.loads(Path(args.out).read_text())))
+        write_table("sandbox", args.out, markdown)
         return
     sandbox = Sandbox(Settings(sandbox_slots=args.concurrency))
     sandbox.prepare()

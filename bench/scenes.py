@@ -85,9 +85,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.update_readme:
         sys.path.insert(0, str(ROOT / "bench"))
-        from readme_table import update_readme
+        from readme_table import write_table
 
-        update_readme("scenes", markdown(json.loads(Path(args.out).read_text())))
+        write_table("scenes", args.out, markdown)
         return
     os.environ["LP_NUM_THREADS"] = str(args.threads)  # read by Mesa when the context is created
     sys.path.insert(0, str(ROOT))

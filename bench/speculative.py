@@ -123,9 +123,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.update_readme:
         sys.path.insert(0, str(ROOT / "bench"))
-        from readme_table import update_readme
+        from readme_table import write_table
 
-        update_readme("speculative", markdown(json.loads(Path(args.out).read_text())))
+        write_table("speculative", args.out, markdown)
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # 2 threads on a shared machine (engine notes §4)
     import torch

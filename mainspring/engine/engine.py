@@ -92,9 +92,8 @@ class LLMEngine:
 
         c = self.model_config
         group = min(32, c.head_dim)  # KIVI's value groups of 32 channels, or the whole head if smaller
-        probe = ColdKVStore(c.num_hidden_layers, 1, self.config.block_size, c.num_key_value_heads, c.head_dim,
-                            cfg.get("bits", 8), group)
-        per_block = probe.bytes_per_token() * self.config.block_size
+        per_block = ColdKVStore.cost_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                               cfg.get("bits", 8), self.config.block_size, group) * self.config.block_size
         n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
         return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
                            cfg.get("bits", 8), group)

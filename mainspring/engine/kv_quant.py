@@ -224,14 +224,20 @@ class ColdKVStore:
         return k.view(n, self.num_kv_heads, self.head_dim), v.view(n, self.num_kv_heads, self.head_dim)
 
     def bytes_per_token(self) -> float:
-        """Stored bytes per token over all layers, K and V: codes plus float16 scale and min.
+        """Stored bytes per token over all layers, K and V: codes plus float16 scale and min."""
+        return self.cost_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.bits, self.block_size,
+                                   self.value_group)
+
+    @staticmethod
+    def cost_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bits: int, block_size: int,
+                       value_group: int) -> float:
+        """bytes_per_token of a store with these dimensions, without building one (sizing a pool).
 
         Keys carry 2 x 2 bytes per channel per *block* (amortized over block_size tokens), values
         2 x 2 bytes per group per token."""
-        d = self.head_dim
-        k = d * self.bits / 8 + 4 * d / self.block_size
-        v = d * self.bits / 8 + 4 * d / self.value_group
-        return self.num_layers * self.num_kv_heads * (k + v)
+        k = head_dim * bits / 8 + 4 * head_dim / block_size
+        v = head_dim * bits / 8 + 4 * head_dim / value_group
+        return num_layers * num_kv_heads * (k + v)
 
     @staticmethod
     def fp32_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int) -> int:

@@ -19,6 +19,7 @@ import torch
 from rich.progress import Progress
 
 from mainspring.engine.kv_policy import KVPolicy
+from mainspring.engine.model_runner import kv_bytes_per_block
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
@@ -59,7 +60,7 @@ def perplexity(engine, token_ids: list[int], policy: KVPolicy | None = None, chu
     bm.allocate(seq, chunk if chunked else None)
     out = PerplexityResult([])
     cold_bytes = runner.cold_store.bytes_per_token() * bs if runner.cold_store is not None else 0
-    hot_bytes = runner.cache[:, :, :bs].numel() * runner.cache.element_size()
+    hot_bytes = kv_bytes_per_block(runner.model, bs)
     n = len(token_ids)
     try:
         with Progress(disable=not progress, transient=True) as bar:

@@ -131,16 +131,24 @@ def _tile(q0: int, q1: int, start: int, lo: int, w: int | None, has_sinks: bool,
     return tile
 
 
-def _gather(seg: SparseSegment, cache: torch.Tensor, which: int, cold: ColdLoader | None) -> torch.Tensor:
-    parts = []
+def _gather(seg: SparseSegment, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            cold: ColdLoader | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segment's keys and values in position order: hot slots as they are, cold blocks
+    dequantized (K and V of a run in one load)."""
+    ks, vs = [], []
     for kind, ids, skip, take in seg.runs:
         if kind == "hot":
-            parts.append(cache[ids])
+            ks.append(k_cache[ids])
+            vs.append(v_cache[ids])
         else:
             if cold is None:
                 raise RuntimeError("cold KV blocks but no cold store")
-            parts.append(cold(ids)[which][skip : skip + take])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+            k, v = cold(ids)
+            ks.append(k[skip : skip + take])
+            vs.append(v[skip : skip + take])
+    if len(ks) == 1:
+        return ks[0], vs[0]
+    return torch.cat(ks), torch.cat(vs)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -151,17 +159,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold: ColdLoader | None,
                      seg: SparseSegment, scale: float) -> torch.Tensor:
     """q: [n, H, D] for the segment's rows; returns [n, H, D]."""
-    if cold is not None and any(kind == "cold" for kind, *_ in seg.runs):
-        cached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def load(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # K and V in one dequantization
-            key = id(ids)
-            if key not in cached:
-                cached[key] = cold(ids)
-            return cached[key]
-        k, v = _gather(seg, k_cache, 0, load), _gather(seg, v_cache, 1, load)
-    else:
-        k, v = _gather(seg, k_cache, 0, None), _gather(seg, v_cache, 1, None)
+    k, v = _gather(seg, k_cache, v_cache, cold)
     n, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
