@@ -132,6 +132,8 @@ def _read_questions(interactive: bool):
 def serve(
     host: Optional[str] = typer.Option(None, help="bind address (default MAINSPRING_HOST, 127.0.0.1)"),
     port: Optional[int] = typer.Option(None, help="port (default MAINSPRING_PORT, 8321)"),
+    model: Optional[str] = typer.Option(None, "--model", help="'smollm2', a .gguf file or a Hugging Face folder "
+                                        "(e.g. a fine-tuning job's export); default MAINSPRING_MODEL"),
 ) -> None:
     """Run the HTTP server in the foreground."""
     import uvicorn
@@ -139,6 +141,8 @@ def serve(
     from mainspring.api.app import create_app
 
     s = get_settings()
+    if model:
+        s = s.model_copy(update={"model": model})
     try:
         uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
     except EngineError as exc:
@@ -206,6 +210,7 @@ def _register_subcommands() -> None:
     from mainspring.agents.cli import audit_app, run_cmd, runs_app
     from mainspring.scenes.cli import app as scene_app
     from mainspring.engine.cli import perplexity_cmd
+    from mainspring.train.cli import train_cmd
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -216,6 +221,7 @@ def _register_subcommands() -> None:
     app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
     app.command("perplexity", help="perplexity of a text file under a KV policy (window, sinks, cold tier)")(perplexity_cmd)
+    app.command("train", help="RL post-training (GRPO) across domains: evaluate, gate, export, report")(train_cmd)
 
 
 _register_subcommands()

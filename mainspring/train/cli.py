@@ -1,0 +1,76 @@
+"""`mainspring train CONFIG.yaml [--resume] [--out DIR]`: a GRPO run with live progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from mainspring.train.events import TrainEvent
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[red]error:[/red] {msg}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def _summary(e: TrainEvent) -> str:
+    d = e.data
+    rewards = " ".join(f"{k[7:]}={v:.2f}" for k, v in d.items() if k.startswith("reward_"))
+    kl = f" kl={d['kl']:.4f}" if d.get("kl") else ""
+    errors = f" scorer-fail={d['scorer_errors']}" if d.get("scorer_errors") else ""
+    return f"{rewards}{kl} loss={d['loss']:+.4f} {d['rollout_tokens_per_s']:.0f} tok/s{errors}"
+
+
+def train_cmd(
+    config: Path = typer.Argument(..., help="the run's YAML config (see docs/train.md)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in the run folder"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="run folder; default <data dir>/train/<config name>"),
+) -> None:
+    """Train a model on its domains with GRPO, evaluate before/after, gate, export, report."""
+    from mainspring.config import get_settings
+    from mainspring.engine.errors import EngineError
+    from mainspring.train.checkpoint import CheckpointError
+    from mainspring.train.config import TrainConfig, TrainConfigError
+    from mainspring.train.domains.base import DomainError
+    from mainspring.train.trainer import run_training
+
+    try:
+        cfg = TrainConfig.load(config)
+    except TrainConfigError as exc:
+        _fail(str(exc))
+    run_dir = out or get_settings().data_dir / "train" / config.stem
+    if not resume and (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+        _fail(f"{run_dir} already holds a run: pass --resume to continue it, or --out for a new folder")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task("loading", total=cfg.steps, info="")
+
+        def on_event(e: TrainEvent) -> None:
+            if e.kind == "started":
+                bar.update(task, description="training", completed=e.step,
+                           info=f"{e.data['trainable_params']:,} trainable params")
+            elif e.kind == "step":
+                bar.update(task, completed=e.step, info=_summary(e))
+            elif e.kind == "eval":
+                means = " ".join(f"{k}={v['mean']:.2f}" for k, v in e.data.items() if isinstance(v, dict))
+                bar.console.print(f"eval {e.data['phase']} (step {e.step}): {means}")
+            elif e.kind == "gate":
+                word = "[green]passed[/green]" if e.data["passed"] else "[red]refused export[/red]"
+                bar.console.print(f"no-regression gate (delta {e.data['delta']}): {word} {e.data['regressions'] or ''}")
+            elif e.kind == "export":
+                bar.console.print(f"exported: {e.data['path']}")
+
+        try:
+            result = run_training(cfg, run_dir, resume=resume, on_event=on_event)
+        except (TrainConfigError, DomainError, CheckpointError, EngineError, ValueError) as exc:
+            _fail(str(exc))
+    typer.echo(f"run folder: {result.run_dir}  (report: {result.run_dir / 'report.md'})")
+    if result.gate_passed is False:
+        raise typer.Exit(1)

@@ -1,0 +1,1 @@
+"""Training domains: the registry of shipped and user domains (see base.py for the contract)."""

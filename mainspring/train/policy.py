@@ -1,0 +1,164 @@
+"""The policy being trained: the engine's own `CausalLM` with a dense (unpaged) causal forward for
+training, LoRA adapters from peft or full weights, and the weight sync into the serving engine.
+
+Why our model and not transformers': rollouts run on `LLMEngine`, so the trained weights must be the
+engine's weights — same modules, same fused q/k/v and gate/up. The policy is its own copy (the engine
+keeps serving while the policy trains); after each update `sync_into` copies what changed into the
+engine's tensors in place (merged LoRA deltas, or every weight) and drops the engine's prefix cache,
+whose KV was computed by the old weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mainspring.engine.config import ModelConfig
+from mainspring.engine.model import CausalLM
+from mainspring.train.config import LoraSpec
+
+ADAPTER = "default"
+
+
+@dataclass
+class SyncReport:
+    seconds: float
+    tensors: int
+    bytes: int
+
+
+class Policy:
+    def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], lora: LoraSpec | None,
+                 keep_reference: bool = False) -> None:
+        # a private copy: the engine's model adopts (shares) the loaded tensors
+        self.model = CausalLM.from_weights(cfg, {k: v.clone() for k, v in state_dict.items()}).train()
+        self.config = cfg
+        self.lora = lora
+        # the KL reference: under LoRA the base with adapters off; full weights need a frozen copy
+        self.reference = CausalLM.from_weights(cfg, state_dict) if keep_reference and lora is None else None
+        if lora is not None:
+            from peft import LoraConfig, inject_adapter_in_model
+
+            inject_adapter_in_model(LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                               target_modules=list(lora.targets)), self.model, adapter_name=ADAPTER)
+            for name, p in self.model.named_parameters():
+                p.requires_grad_("lora_" in name)
+        else:
+            self.model.requires_grad_(True)
+
+    # -- parameters -------------------------------------------------------------------------------
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.trainable().values())
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.trainable().items()}
+
+    @torch.no_grad()
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = self.trainable()
+        if set(state) != set(params):
+            missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+            raise ValueError(f"checkpoint does not fit this policy: missing {missing[:3]}, unexpected {extra[:3]}")
+        for n, p in params.items():
+            if state[n].shape != p.shape:
+                raise ValueError(f"checkpoint tensor {n}: shape {tuple(state[n].shape)} != {tuple(p.shape)}")
+            p.copy_(state[n])
+
+    def lora_layers(self):
+        """(module name, peft LoRA layer) of every adapted linear."""
+        from peft.tuners.lora import LoraLayer
+
+        return [(n, m) for n, m in self.model.named_modules() if isinstance(m, LoraLayer)]
+
+    @contextlib.contextmanager
+    def adapters_disabled(self):
+        """The frozen base model (the KL reference under LoRA costs no second copy)."""
+        layers = [m for _, m in self.lora_layers()]
+        for m in layers:
+            m.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.enable_adapters(True)
+
+    def merged_weights(self) -> dict[str, torch.Tensor]:
+        """Engine-named tensors of the current policy (LoRA merged): what sync and export write."""
+        with torch.no_grad():
+            if self.lora is None:
+                return {n: p.detach() for n, p in self.model.named_parameters()}
+            out = {}
+            for name, layer in self.lora_layers():
+                out[name + ".weight"] = layer.base_layer.weight + layer.get_delta_weight(ADAPTER)
+            return out
+
+    @torch.no_grad()
+    def sync_into(self, engine) -> SyncReport:
+        """Copy the policy's weights into a running `LLMEngine` in place and drop its prefix cache."""
+        t0 = time.perf_counter()
+        target = dict(engine.model.named_parameters())
+        n = size = 0
+        for name, value in self.merged_weights().items():
+            dst = target[name]
+            if dst.data_ptr() == value.data_ptr():
+                continue
+            dst.copy_(value)
+            n += 1
+            size += dst.numel() * dst.element_size()
+        if not engine.block_manager.reset_prefix_cache():
+            raise RuntimeError("cannot sync weights while the engine has running requests")
+        return SyncReport(time.perf_counter() - t0, n, size)
+
+    # -- the training forward ---------------------------------------------------------------------
+    def token_logprobs(self, input_ids: torch.Tensor, targets_from: torch.Tensor, lengths: torch.Tensor,
+                       reference: bool = False) -> torch.Tensor:
+        """Log-probabilities of tokens input_ids[b, t] for t >= targets_from[b] and t < lengths[b],
+        as a [B, T] tensor (0 elsewhere). Rows are right-padded; position t is predicted from < t.
+        `reference`: under the frozen starting model instead (the KL term)."""
+        model = self.model
+        ctx = contextlib.nullcontext()
+        if reference:
+            if self.lora is not None:
+                ctx = self.adapters_disabled()
+            elif self.reference is not None:
+                model = self.reference
+            else:
+                raise RuntimeError("no reference model: build the Policy with keep_reference=True")
+        with ctx:
+            hidden = dense_forward(model, input_ids)  # [B, T, H]
+        b, t = input_ids.shape
+        pos = torch.arange(t)
+        mask = (pos[None, :] >= targets_from[:, None]) & (pos[None, :] < lengths[:, None]) & (pos[None, :] > 0)
+        rows, cols = mask.nonzero(as_tuple=True)
+        # only the predicted positions go through the LM head (a fifth of the model's weights)
+        logits = model.compute_logits(hidden[rows, cols - 1]).float()
+        lp = logits.log_softmax(-1).gather(-1, input_ids[rows, cols][:, None]).squeeze(-1)
+        out = torch.zeros(b, t, dtype=lp.dtype)
+        return out.index_put((rows, cols), lp)
+
+
+def dense_forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states [B, T, H] of right-padded rows, causal attention, positions 0..T-1: the same
+    modules as the engine's paged forward (so the same weights), with differentiable SDPA attention."""
+    b, t = input_ids.shape
+    positions = torch.arange(t)
+    model.rope.ensure(positions)
+    x = model.embed_tokens(input_ids)
+    for layer in model.layers:
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q, k, v = a.qkv_proj(h).split([a.h * a.d, a.kvh * a.d, a.kvh * a.d], dim=-1)
+        q, k = model.rope(positions, q.view(b, t, a.h, a.d), k.view(b, t, a.kvh, a.d))
+        v = v.view(b, t, a.kvh, a.d)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, scale=a.scale, enable_gqa=a.h != a.kvh)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, a.h * a.d))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x
