@@ -197,11 +197,19 @@ def run_training(config: TrainConfig, run_dir: Path, *, resume: bool = False, do
                  on_event: OnEvent | None = None, should_stop: ShouldStop | None = None,
                  settings: Settings | None = None, loaded=None) -> TrainResult:
     """Train, evaluate, gate and export; see events.py for what `on_event` receives."""
+    threads = torch.get_num_threads()
+    try:
+        return _run(config, Path(run_dir), resume, domains, on_event, should_stop, settings, loaded)
+    finally:
+        torch.set_num_threads(threads)  # the run's thread count is its own, not the caller's
+
+
+def _run(config: TrainConfig, run_dir: Path, resume: bool, domains, on_event, should_stop, settings,
+         loaded) -> TrainResult:
     from mainspring.train.evaluate import compare, evaluate, gate
     from mainspring.train.export import export_model
     from mainspring.train.report import write_report
 
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     emit = on_event or (lambda e: None)
     t = Trainer(config, run_dir, domains=domains, on_event=emit, settings=settings, loaded=loaded)

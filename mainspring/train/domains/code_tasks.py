@@ -1,0 +1,125 @@
+"""The `code` domain's tasks: small Python functions, each with one example shown in the prompt and
+hidden tests (never the example) that decide the score. A test is a Python expression that must
+evaluate to True with the solution's names in scope."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    function: str  # the name the tests call
+    signature: str  # "add(a, b)"
+    does: str  # "returns the sum of a and b"
+    example: str  # shown in the prompt: "add(1, 2) == 3"
+    tests: tuple[str, ...]  # hidden
+
+
+def _t(signature: str, does: str, example: str, *tests: str) -> CodeTask:
+    return CodeTask(signature.split("(", 1)[0], signature, does, example, tests)
+
+
+TASKS: tuple[CodeTask, ...] = (
+    _t("add(a, b)", "returns the sum of a and b", "add(1, 2) == 3",
+       "add(2, 3) == 5", "add(-1, 1) == 0", "add(10, 5) == 15", "add(0, 0) == 0"),
+    _t("subtract(a, b)", "returns a minus b", "subtract(5, 2) == 3",
+       "subtract(10, 4) == 6", "subtract(0, 3) == -3", "subtract(7, 7) == 0", "subtract(-2, -5) == 3"),
+    _t("multiply(a, b)", "returns the product of a and b", "multiply(2, 3) == 6",
+       "multiply(4, 5) == 20", "multiply(-2, 3) == -6", "multiply(0, 9) == 0", "multiply(7, 1) == 7"),
+    _t("square(x)", "returns x squared", "square(3) == 9",
+       "square(4) == 16", "square(0) == 0", "square(-5) == 25", "square(10) == 100"),
+    _t("is_even(n)", "returns True if n is even and False otherwise", "is_even(4) is True",
+       "is_even(7) is False", "is_even(0) is True", "is_even(-2) is True", "is_even(11) is False"),
+    _t("is_odd(n)", "returns True if n is odd and False otherwise", "is_odd(3) is True",
+       "is_odd(8) is False", "is_odd(1) is True", "is_odd(0) is False", "is_odd(-3) is True"),
+    _t("absolute(x)", "returns the absolute value of x", "absolute(-4) == 4",
+       "absolute(5) == 5", "absolute(0) == 0", "absolute(-12) == 12", "absolute(-1.5) == 1.5"),
+    _t("max_of_list(xs)", "returns the largest number in the list xs", "max_of_list([1, 5, 3]) == 5",
+       "max_of_list([7]) == 7", "max_of_list([-3, -1, -2]) == -1", "max_of_list([2, 9, 4, 9]) == 9",
+       "max_of_list([0, 100, 50]) == 100"),
+    _t("min_of_list(xs)", "returns the smallest number in the list xs", "min_of_list([4, 2, 8]) == 2",
+       "min_of_list([3]) == 3", "min_of_list([-1, -7, 0]) == -7", "min_of_list([5, 5, 6]) == 5",
+       "min_of_list([10, 1, 100]) == 1"),
+    _t("sum_list(xs)", "returns the sum of the numbers in the list xs", "sum_list([1, 2, 3]) == 6",
+       "sum_list([]) == 0", "sum_list([5]) == 5", "sum_list([-1, 1, 10]) == 10", "sum_list([2, 2, 2, 2]) == 8"),
+    _t("reverse_string(s)", "returns the string s reversed", "reverse_string('abc') == 'cba'",
+       "reverse_string('hello') == 'olleh'", "reverse_string('') == ''", "reverse_string('a') == 'a'",
+       "reverse_string('ab cd') == 'dc ba'"),
+    _t("count_vowels(s)", "returns how many vowels (a, e, i, o, u) the lowercase string s contains",
+       "count_vowels('apple') == 2",
+       "count_vowels('banana') == 3", "count_vowels('xyz') == 0", "count_vowels('') == 0",
+       "count_vowels('queue') == 4"),
+    _t("first_element(xs)", "returns the first element of the list xs", "first_element([3, 4]) == 3",
+       "first_element([9]) == 9", "first_element(['a', 'b']) == 'a'", "first_element([0, 1, 2]) == 0",
+       "first_element([[1], [2]]) == [1]"),
+    _t("last_element(xs)", "returns the last element of the list xs", "last_element([3, 4]) == 4",
+       "last_element([9]) == 9", "last_element(['a', 'b']) == 'b'", "last_element([0, 1, 2]) == 2",
+       "last_element([[1], [2]]) == [2]"),
+    _t("is_palindrome(s)", "returns True if the string s reads the same backwards", "is_palindrome('level') is True",
+       "is_palindrome('hello') is False", "is_palindrome('a') is True", "is_palindrome('abba') is True",
+       "is_palindrome('abca') is False"),
+    _t("factorial(n)", "returns n factorial (factorial(0) is 1)", "factorial(3) == 6",
+       "factorial(0) == 1", "factorial(1) == 1", "factorial(5) == 120", "factorial(7) == 5040"),
+    _t("fibonacci(n)", "returns the n-th Fibonacci number, counting from 0 (the sequence is 0, 1, 1, 2, 3, 5, ...)",
+       "fibonacci(2) == 1",
+       "fibonacci(0) == 0", "fibonacci(1) == 1", "fibonacci(6) == 8", "fibonacci(10) == 55"),
+    _t("to_upper(s)", "returns the string s in upper case", "to_upper('abc') == 'ABC'",
+       "to_upper('Hello') == 'HELLO'", "to_upper('') == ''", "to_upper('a1b') == 'A1B'", "to_upper('XY') == 'XY'"),
+    _t("double_list(xs)", "returns a new list with every number in xs doubled", "double_list([1, 2]) == [2, 4]",
+       "double_list([]) == []", "double_list([5]) == [10]", "double_list([-1, 0, 3]) == [-2, 0, 6]",
+       "double_list([2, 2]) == [4, 4]"),
+    _t("filter_even(xs)", "returns the even numbers of the list xs, in order", "filter_even([1, 2, 3, 4]) == [2, 4]",
+       "filter_even([]) == []", "filter_even([1, 3]) == []", "filter_even([6, 7, 8]) == [6, 8]",
+       "filter_even([0, -2, 5]) == [0, -2]"),
+    _t("average(xs)", "returns the average of the numbers in the non-empty list xs", "average([2, 4]) == 3",
+       "average([5]) == 5", "average([1, 2, 3, 4]) == 2.5", "average([-1, 1]) == 0", "average([10, 20, 30]) == 20"),
+    _t("is_positive(x)", "returns True if x is greater than zero and False otherwise", "is_positive(3) is True",
+       "is_positive(-2) is False", "is_positive(0) is False", "is_positive(0.5) is True",
+       "is_positive(100) is True"),
+    _t("contains(xs, x)", "returns True if x is in the list xs and False otherwise", "contains([1, 2], 2) is True",
+       "contains([1, 2], 3) is False", "contains([], 1) is False", "contains(['a'], 'a') is True",
+       "contains([0, 5, 9], 9) is True"),
+    _t("count_occurrences(xs, x)", "returns how many times x appears in the list xs",
+       "count_occurrences([1, 2, 1], 1) == 2",
+       "count_occurrences([], 1) == 0", "count_occurrences([3, 3, 3], 3) == 3",
+       "count_occurrences([1, 2], 5) == 0", "count_occurrences(['a', 'b', 'a'], 'a') == 2"),
+    _t("join_words(words)", "returns the strings in the list words joined with single spaces",
+       "join_words(['a', 'b']) == 'a b'",
+       "join_words(['hello', 'world']) == 'hello world'", "join_words(['one']) == 'one'",
+       "join_words([]) == ''", "join_words(['x', 'y', 'z']) == 'x y z'"),
+    _t("celsius_to_fahrenheit(c)", "converts a temperature from Celsius to Fahrenheit",
+       "celsius_to_fahrenheit(0) == 32",
+       "celsius_to_fahrenheit(100) == 212", "celsius_to_fahrenheit(-40) == -40",
+       "abs(celsius_to_fahrenheit(37) - 98.6) < 1e-9", "celsius_to_fahrenheit(10) == 50"),
+    _t("max_of_two(a, b)", "returns the larger of a and b", "max_of_two(3, 7) == 7",
+       "max_of_two(9, 2) == 9", "max_of_two(-1, -5) == -1", "max_of_two(4, 4) == 4", "max_of_two(0, 1) == 1"),
+    _t("remove_duplicates(xs)", "returns the list xs without repeated elements, keeping the first of each in order",
+       "remove_duplicates([1, 1, 2]) == [1, 2]",
+       "remove_duplicates([]) == []", "remove_duplicates([3, 2, 3, 1, 2]) == [3, 2, 1]",
+       "remove_duplicates([5]) == [5]", "remove_duplicates(['a', 'a', 'b']) == ['a', 'b']"),
+    _t("capitalize_first(s)", "returns s with its first letter in upper case", "capitalize_first('cat') == 'Cat'",
+       "capitalize_first('hello world') == 'Hello world'", "capitalize_first('') == ''",
+       "capitalize_first('A') == 'A'", "capitalize_first('zebra') == 'Zebra'"),
+    _t("sum_of_digits(n)", "returns the sum of the decimal digits of the non-negative integer n",
+       "sum_of_digits(123) == 6",
+       "sum_of_digits(0) == 0", "sum_of_digits(9) == 9", "sum_of_digits(1001) == 2", "sum_of_digits(999) == 27"),
+    _t("is_prime(n)", "returns True if n is a prime number and False otherwise", "is_prime(7) is True",
+       "is_prime(1) is False", "is_prime(2) is True", "is_prime(9) is False", "is_prime(13) is True"),
+    _t("count_words(s)", "returns the number of words in the string s, separated by spaces",
+       "count_words('a b c') == 3",
+       "count_words('hello') == 1", "count_words('') == 0", "count_words('one two') == 2",
+       "count_words('the quick brown fox') == 4"),
+    _t("repeat_string(s, n)", "returns the string s repeated n times", "repeat_string('ab', 2) == 'abab'",
+       "repeat_string('x', 3) == 'xxx'", "repeat_string('hi', 0) == ''", "repeat_string('', 5) == ''",
+       "repeat_string('a', 1) == 'a'"),
+    _t("square_list(xs)", "returns a new list with every number in xs squared", "square_list([2, 3]) == [4, 9]",
+       "square_list([]) == []", "square_list([-2]) == [4]", "square_list([0, 1, 5]) == [0, 1, 25]",
+       "square_list([10]) == [100]"),
+    _t("greet(name)", "returns the greeting 'Hello, ' followed by name and '!'", "greet('Ann') == 'Hello, Ann!'",
+       "greet('Bob') == 'Hello, Bob!'", "greet('') == 'Hello, !'", "greet('World') == 'Hello, World!'",
+       "greet('x y') == 'Hello, x y!'"),
+    _t("string_length(s)", "returns the number of characters in the string s", "string_length('abc') == 3",
+       "string_length('') == 0", "string_length('hello world') == 11", "string_length('a') == 1",
+       "string_length('12345') == 5"),
+)
