@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     agent_http_allow_private: bool = Field(False, description="let http_fetch reach loopback and private hosts")
     agent_workspace_copy_mb: int = Field(32, ge=1, description="run workspace copied into each code tool job")
 
+    finetuned_dir: str = Field("", description="fine-tuned models served by the API, one Hugging Face folder each "
+                               "named by its model id (ft:...); empty = <data_dir>/finetuned")
+    finetuned_max_loaded: int = Field(2, ge=1, description="fine-tuned models kept loaded at once; the least "
+                                      "recently used is unloaded to load another")
+    finetuned_kv_cache_mb: int = Field(128, ge=1, description="KV cache of each loaded fine-tuned model")
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, v: Path) -> Path:
@@ -79,6 +85,10 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache"
+
+    @property
+    def finetuned_path(self) -> Path:
+        return Path(self.finetuned_dir).expanduser() if self.finetuned_dir else self.data_dir / "finetuned"
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,5 @@
-"""The HTTP app factory: /health, the OpenAI-compatible /v1 routes, Anthropic's /v1/messages and the agent runtime."""
+"""The HTTP app factory: /health, the OpenAI-compatible /v1 routes, Anthropic's /v1/messages, the agent runtime
+and the fine-tuning runner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi import FastAPI
 from mainspring import __version__
 from mainspring.api.economics import Economics
 from mainspring.api.errors import install_error_handlers
+from mainspring.api.finetuned import FineTunedModels
 from mainspring.api.routes import api_router
 from mainspring.billing.trace import TraceRecorder
 from mainspring.api.upstream import Upstreams
@@ -24,9 +26,11 @@ def _flush_kv_cache(eng) -> None:
         eng.engine.flush_kv_cache()
 
 
-def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None) -> FastAPI:
+def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None,
+               train_fn=None) -> FastAPI:
     """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup. `agent_models` (model
-    name -> ChatModel) and `agent_tools` (name -> Tool) replace the agent runtime's defaults (tests)."""
+    name -> ChatModel) and `agent_tools` (name -> Tool) replace the agent runtime's defaults (tests), and
+    `train_fn` the fine-tuning runner's trainer (mainspring.train.trainer.run_training)."""
     settings = settings or get_settings()
 
     owns_engine = engine is None  # an engine given by the caller is the caller's to close
@@ -55,9 +59,15 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
 
         app.state.agents = AgentRuntime(settings, models=agent_models or app_models(app), tools=agent_tools)
         await app.state.agents.start()
+        from mainspring.train.jobs import FineTuningRunner  # resumes the job a restart cut off
+
+        app.state.fine_tuning = FineTuningRunner(settings, app.state.economics.db, train_fn=train_fn)
+        app.state.fine_tuning.start()
         yield
+        await asyncio.to_thread(app.state.fine_tuning.stop)  # the job checkpoints; the next start resumes it
         await app.state.agents.stop()
         await app.state.batch_runner.stop()
+        app.state.finetuned.close()
         await app.state.upstreams.aclose()
         if owns_engine:
             engines = [e for e in (app.state.engine, app.state.fast_engine) if e is not None]
@@ -73,6 +83,8 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     app.state.economics = Economics(settings)
     app.state.trace_recorder = TraceRecorder(settings.record_trace) if settings.record_trace else None
     app.state.upstreams = Upstreams.load(settings.upstreams_file)  # OpenAI-compatible endpoints served as models
+    app.state.finetuned = FineTunedModels(settings, app.state.economics.db)  # ft:... models, loaded on first use
+    app.state.fine_tuning = None  # the FineTuningRunner, from startup on
     app.state.started = time.time()
     install_error_handlers(app)
     app.include_router(api_router())

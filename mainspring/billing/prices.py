@@ -124,10 +124,13 @@ class PriceSheet(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     def model(self, name: str) -> ModelPrices:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise UnknownModel(name, list(self.models)) from None
+        """The model's prices; a fine-tuned model ("ft:<base>:...") the sheet does not name is priced as its base."""
+        m = self.models.get(name)
+        if m is None and name.startswith("ft:"):
+            m = self.models.get(name.split(":", 2)[1])
+        if m is None:
+            raise UnknownModel(name, list(self.models))
+        return m
 
     def rates(self, model: str, tier: str = "standard") -> Rates:
         """Concrete prices (USD per 1M tokens = micro-USD per token) for one model and tier."""

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 models: keys, projects, price sheets, the ledger, budgets, reservations, files, batches.
+"""SQLAlchemy 2.0 models: keys, projects, price sheets, the ledger, budgets, reservations, files, batches, fine-tuning.
 
 Money is integer micro-USD (`*_u` columns, 1 USD = 1_000_000) so sums are exact on every backend.
 Times are UTC. The migration in `migrations/versions/` is the schema's source of truth for the
@@ -205,6 +205,65 @@ class BatchRow(Base):
     expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class FineTuningJobRow(Base):
+    """A fine-tuning job (OpenAI's fine_tuning.job); statuses follow OpenAI's. It belongs to the project of the
+    key that created it (anonymous callers: project None). Data files are referenced by id, not by foreign key:
+    deleting a file after the job has read it is allowed, as on OpenAI."""
+
+    __tablename__ = "fine_tuning_jobs"
+    __table_args__ = (Index("ix_fine_tuning_jobs_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "ftjob-<hex>"
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    model: Mapped[str] = mapped_column(String(255))  # the base model, as served
+    training_file: Mapped[str] = mapped_column(String(64))
+    validation_file: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    seed: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(24), default="queued", index=True)
+    method_json: Mapped[str] = mapped_column(Text)  # {"type": "reinforcement", "reinforcement": {grader, hyperparameters}}
+    config_json: Mapped[str] = mapped_column(Text)  # the TrainConfig the runner runs (the same one on every resume)
+    metadata_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(255), nullable=True, unique=True)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # runner starts (1 + resumes after restarts)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    estimated_finish: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class FineTuningEventRow(Base):
+    """What a job reported, in order (OpenAI's fine_tuning.job.event); the integer id orders and pages them."""
+
+    __tablename__ = "fine_tuning_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tuning_jobs.id"), index=True)
+    level: Mapped[str] = mapped_column(String(8), default="info")  # info | warn | error
+    type: Mapped[str] = mapped_column(String(16), default="message")  # message | metrics
+    message: Mapped[str] = mapped_column(Text)
+    data_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FineTuningCheckpointRow(Base):
+    """A checkpoint the trainer wrote (OpenAI's fine_tuning.job.checkpoint); one per step, so a resumed run
+    that writes the same step again updates it instead of adding a second."""
+
+    __tablename__ = "fine_tuning_checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step_number", name="uq_fine_tuning_checkpoints_job_step"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "ftckpt_<hex>"
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tuning_jobs.id"), index=True)
+    step_number: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(512))  # the trainer's checkpoint folder, relative to data_dir
+    metrics_json: Mapped[str] = mapped_column(Text, default="{}")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 # The agent runtime's tables live with the runtime but share this metadata (one schema, one migration chain).

@@ -43,6 +43,9 @@ class LoraSpec(_Strict):
 class TrainConfig(_Strict):
     model: str = "smollm2"
     domains: list[DomainSpec] = Field(min_length=1)
+    # one JSONL of prompts for several domains: tagged lines go to their domain, untagged ones through
+    # the MiniLM domain router (mixed.py)
+    mixed_data: str | None = None
     steps: int = Field(10, ge=1)
     prompts_per_step: int = Field(4, ge=1)
     group_size: int = Field(4, ge=2, description="G: samples per prompt")

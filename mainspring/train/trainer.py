@@ -71,6 +71,11 @@ class Trainer:
         if missing:
             raise ValueError(f"no domain object given for {missing}")
         self.domains = {d.name: domains[d.name] for d in config.domains}
+        self.mixed = None
+        if config.mixed_data:
+            from mainspring.train.mixed import add_mixed
+
+            self.mixed = add_mixed(config.mixed_data, self.domains, config.seed)
         self.loaded = loaded or load_model(config.model, self.settings.cache_dir)
         per_step = config.prompts_per_step * config.group_size
         # the engine adopts its state dict's tensors and every sync writes into them: give it its own,
@@ -219,7 +224,10 @@ def _run(config: TrainConfig, run_dir: Path, resume: bool, domains, on_event, sh
             t.metrics_path.unlink()
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     emit(TrainEvent("started", t.step, {"resumed": resumed, "trainable_params": t.policy.num_trainable(),
-                                         "domains": list(t.domains), "run_dir": str(run_dir)}))
+                                         "domains": list(t.domains), "run_dir": str(run_dir),
+                                         "mixed": t.mixed.to_dict() if t.mixed else None}))
+    if t.mixed is not None and t.main:
+        (run_dir / "routing.json").write_text(json.dumps(t.mixed.to_dict(), indent=2))
     result = TrainResult(run_dir, t.step, False)
     before_path = run_dir / "eval_before.json"
     before = None

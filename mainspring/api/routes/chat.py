@@ -116,7 +116,7 @@ def _tool_calls_out(calls: list[ParsedCall]) -> list[ToolCallOut]:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     if upstream.serves(request, body.model):
         return await upstream.proxy(request, body, ENDPOINT)
-    model = resolve_model(request, body.model)
+    model = await resolve_model(request, body.model)
     tokenizer = model.engine.tokenizer
     tools = [ToolSpec(t.function.name, t.function.description or "",
                       t.function.parameters or {"type": "object", "properties": {}}) for t in body.tools or []]

@@ -59,7 +59,7 @@ def completion_logprobs(lps: list[TokenLogprob], offset: int) -> CompletionLogpr
 async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if upstream.serves(request, body.model):
         return await upstream.proxy(request, body, ENDPOINT)
-    model = resolve_model(request, body.model)
+    model = await resolve_model(request, body.model)
     if body.echo:
         raise bad_request("echo is not supported by this server", param="echo")
     if body.suffix:

@@ -96,7 +96,7 @@ def _tool_block(c: ParsedCall) -> dict[str, Any]:
 
 @router.post(ENDPOINT)
 async def create_message(body: MessagesRequest, request: Request) -> Any:
-    model = resolve_model(request, body.model, fast=body.speed == "fast")
+    model = await resolve_model(request, body.model, fast=body.speed == "fast")
     tokenizer = model.engine.tokenizer
     tools = [ToolSpec(t.name, t.description or "", t.input_schema) for t in body.tools or []]
     choice = anthropic_tool_choice(body.tool_choice, tools)

@@ -80,8 +80,9 @@ def _parse_line(raw: str, where: str) -> _Line:
     return line
 
 
-def load_samples(path: str | Path, name: str) -> tuple[list[Sample], list[Sample]]:
-    """(train, eval) samples of the data file; DomainError naming the file and line on any problem."""
+def load_samples(path: str | Path, name: str, require_splits: bool = True) -> tuple[list[Sample], list[Sample]]:
+    """(train, eval) samples of the data file; DomainError naming the file and line on any problem.
+    `require_splits`: both splits must be non-empty (a domain's own file; mixed prompts join existing ones)."""
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -113,7 +114,7 @@ def load_samples(path: str | Path, name: str) -> tuple[list[Sample], list[Sample
     if not train and not eval_:
         raise DomainError(f"domain {name!r}: data file {path} has no samples")
     for split, samples in (("train", train), ("eval", eval_)):
-        if not samples:
+        if require_splits and not samples:
             raise DomainError(f"domain {name!r}: {path} gives no {split} samples; mark some lines "
                               f"\"split\": \"{split}\" (lines without a split go {TRAIN_PERCENT}/"
                               f"{100 - TRAIN_PERCENT} to train/eval by a hash of their id)")

@@ -1,0 +1,92 @@
+"""The fine-tuned model registry without loading weights: who sees which folder, one load per model however
+many ask at once, and the least recently used engine retired (closed once idle) past the cap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from mainspring.api import finetuned
+from mainspring.api.finetuned import FineTunedModels
+from mainspring.config import Settings
+from mainspring.store.db import init_db, session
+from mainspring.store.tables import FineTuningJobRow, Project
+
+
+class FakeEngine:
+    def __init__(self, name: str) -> None:
+        self.name, self.closed, self.busy = name, False, False
+        self.engine = SimpleNamespace(has_unfinished=lambda: self.busy)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    settings = Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/db.sqlite", finetuned_max_loaded=2)
+    db = init_db(settings.resolved_database_url())
+    with session(db) as s:
+        s.add_all([Project(id=1, name="acme"), Project(id=2, name="rival")])
+        s.flush()
+        s.add(FineTuningJobRow(id="ftjob-a", project_id=1, model="Base", training_file="f", seed=0, status="succeeded",
+                               method_json="{}", config_json="{}", attempts=1, fine_tuned_model="ft:Base::ftjob-a"))
+    for name in ("ft:Base::ftjob-a", "operator-model", "ft:Base::ftjob-c"):
+        (settings.finetuned_path / name).mkdir(parents=True)
+        (settings.finetuned_path / name / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (settings.finetuned_path / ".tmp-half-published").mkdir()
+    reg = FineTunedModels(settings, db)
+    loads: list[str] = []
+
+    def fake_load(m):
+        loads.append(m.id)
+        time.sleep(0.05)
+        return FakeEngine(m.id)
+
+    monkeypatch.setattr(reg, "_load", fake_load)
+    monkeypatch.setattr(finetuned, "RETIRE_GRACE_S", 0.0)
+    reg.loads = loads
+    return reg
+
+
+def key(project_id):
+    return SimpleNamespace(project_id=project_id)
+
+
+def test_a_jobs_model_is_its_projects_and_an_operators_is_everyones(registry):
+    assert {m.id for m in registry.visible(key(1))} == {"ft:Base::ftjob-a", "operator-model", "ft:Base::ftjob-c"}
+    assert {m.id for m in registry.visible(key(2))} == {"operator-model", "ft:Base::ftjob-c"}
+    assert {m.id for m in registry.visible(None)} == {"operator-model", "ft:Base::ftjob-c"}
+    assert registry.find(key(2), "ft:Base::ftjob-a") is None and registry.find(key(1), "ft:Base::ftjob-a").public is False
+    assert registry.find(key(1), "../db.sqlite") is None and registry.find(key(1), ".tmp-half-published") is None
+    assert registry.find(key(1), "operator-model").context_window == 64
+
+
+def test_one_load_per_model_and_the_least_recently_used_is_retired(registry):
+    models = {m.id: m for m in registry.visible(key(1))}
+
+    async def scenario():
+        a1, a2 = await asyncio.gather(registry.engine(models["ft:Base::ftjob-a"]),
+                                      registry.engine(models["ft:Base::ftjob-a"]))
+        assert a1 is a2 and registry.loads == ["ft:Base::ftjob-a"]
+        op = await registry.engine(models["operator-model"])
+        await registry.engine(models["ft:Base::ftjob-a"])  # a is now the most recent
+        op.busy = True  # a request still running on it
+        await registry.engine(models["ft:Base::ftjob-c"])
+        return a1, op
+
+    a, op = asyncio.run(scenario())
+    assert registry.loaded() == ["ft:Base::ftjob-a", "ft:Base::ftjob-c"]
+    time.sleep(0.3)
+    assert not op.closed and not a.closed  # retired, but closed only once its request is done
+    op.busy = False
+    deadline = time.monotonic() + 5
+    while not op.closed:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    registry.close()
+    assert a.closed and registry.loaded() == []
