@@ -117,20 +117,38 @@ class Policy:
         return SyncReport(time.perf_counter() - t0, n, size)
 
     # -- the training forward ---------------------------------------------------------------------
+    def _model_for(self, reference: bool):
+        if not reference:
+            return self.model, contextlib.nullcontext()
+        if self.lora is not None:
+            return self.model, self.adapters_disabled()
+        if self.reference is not None:
+            return self.reference, contextlib.nullcontext()
+        raise RuntimeError("no reference model: build the Policy with keep_reference=True")
+
+    def group_logprobs(self, prompt: torch.Tensor, completions: torch.Tensor, lengths: torch.Tensor,
+                       reference: bool = False) -> torch.Tensor:
+        """Log-probabilities [n, C] of n completions (right-padded, `lengths` real tokens each) of one
+        prompt, 0 past each length. The prompt goes through the model once for all of them (GRPO's
+        G samples share it), which is exact: its activations do not depend on what follows."""
+        model, ctx = self._model_for(reference)
+        with ctx:
+            last, hidden = shared_prompt_forward(model, prompt, completions)
+        n, c = completions.shape
+        # token j is predicted from position j - 1: the prompt's last for j = 0
+        pred = torch.cat([last.expand(n, 1, -1), hidden[:, :-1]], dim=1)
+        valid = torch.arange(c)[None, :] < lengths[:, None]
+        rows, cols = valid.nonzero(as_tuple=True)
+        logits = model.compute_logits(pred[rows, cols]).float()
+        lp = logits.log_softmax(-1).gather(-1, completions[rows, cols][:, None]).squeeze(-1)
+        return torch.zeros(n, c, dtype=lp.dtype).index_put((rows, cols), lp)
+
     def token_logprobs(self, input_ids: torch.Tensor, targets_from: torch.Tensor, lengths: torch.Tensor,
                        reference: bool = False) -> torch.Tensor:
         """Log-probabilities of tokens input_ids[b, t] for t >= targets_from[b] and t < lengths[b],
         as a [B, T] tensor (0 elsewhere). Rows are right-padded; position t is predicted from < t.
         `reference`: under the frozen starting model instead (the KL term)."""
-        model = self.model
-        ctx = contextlib.nullcontext()
-        if reference:
-            if self.lora is not None:
-                ctx = self.adapters_disabled()
-            elif self.reference is not None:
-                model = self.reference
-            else:
-                raise RuntimeError("no reference model: build the Policy with keep_reference=True")
+        model, ctx = self._model_for(reference)
         with ctx:
             hidden = dense_forward(model, input_ids)  # [B, T, H]
         b, t = input_ids.shape
@@ -162,3 +180,34 @@ def dense_forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
         x = x + a.o_proj(o.transpose(1, 2).reshape(b, t, a.h * a.d))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return x
+
+
+def shared_prompt_forward(model: CausalLM, prompt: torch.Tensor, completions: torch.Tensor):
+    """(hidden state of the prompt's last token [H], hidden states of the completions [n, C, H]) for
+    n completions of one prompt: the prompt's P tokens are computed once and every completion attends
+    to them, so a group costs P + n*C token rows instead of n*(P + C)."""
+    p, (n, c) = prompt.numel(), completions.shape
+    positions = torch.cat([torch.arange(p), torch.arange(p, p + c).repeat(n)])
+    model.rope.ensure(positions)
+    x = model.embed_tokens(torch.cat([prompt, completions.flatten()]))  # [P + n*C, H]
+    # a completion sees the whole prompt and itself causally
+    mask = torch.ones(c, p + c, dtype=torch.bool)
+    mask[:, p:] = torch.ones(c, c, dtype=torch.bool).tril()
+    for layer in model.layers:
+        a = layer.self_attn
+        q, k, v = a.qkv_proj(layer.input_layernorm(x)).split([a.h * a.d, a.kvh * a.d, a.kvh * a.d], dim=-1)
+        q, k = model.rope(positions, q.view(-1, a.h, a.d), k.view(-1, a.kvh, a.d))
+        v = v.view(-1, a.kvh, a.d)
+        gqa = a.h != a.kvh
+        o_p = F.scaled_dot_product_attention(q[:p].transpose(0, 1)[None], k[:p].transpose(0, 1)[None],
+                                             v[:p].transpose(0, 1)[None], is_causal=True, scale=a.scale,
+                                             enable_gqa=gqa)  # [1, H, P, D]
+        keys = torch.cat([k[:p].expand(n, p, a.kvh, a.d), k[p:].view(n, c, a.kvh, a.d)], dim=1)
+        vals = torch.cat([v[:p].expand(n, p, a.kvh, a.d), v[p:].view(n, c, a.kvh, a.d)], dim=1)
+        o_c = F.scaled_dot_product_attention(q[p:].view(n, c, a.h, a.d).transpose(1, 2), keys.transpose(1, 2),
+                                             vals.transpose(1, 2), attn_mask=mask, scale=a.scale,
+                                             enable_gqa=gqa)  # [n, H, C, D]
+        o = torch.cat([o_p[0].transpose(0, 1).reshape(p, -1), o_c.transpose(1, 2).reshape(n * c, -1)])
+        x = x + a.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x[p - 1], x[p:].view(n, c, -1)

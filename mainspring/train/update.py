@@ -37,7 +37,7 @@ class TrainItem:
     start: int
     advantage: float
     domain: str
-    old_logp: torch.Tensor | None = None  # [len(ids)] when updates_per_batch > 1
+    old_logp: torch.Tensor | None = None  # [completion tokens] when updates_per_batch > 1
 
 
 class World:
@@ -95,39 +95,46 @@ class Updater:
 
     # -- gradients --------------------------------------------------------------------------------
     def _batches(self, items: list[TrainItem]):
+        """Forward units: up to micro_batch completions of one prompt, its tokens computed once."""
+        groups: dict[tuple[int, ...], list[TrainItem]] = {}
+        for x in items:
+            groups.setdefault(tuple(x.ids[:x.start]), []).append(x)
         mb = self.cfg.micro_batch
-        for i in range(0, len(items), mb):
-            chunk = items[i:i + mb]
-            width = max(len(x.ids) for x in chunk)
-            ids = torch.zeros(len(chunk), width, dtype=torch.long)
-            for r, x in enumerate(chunk):
-                ids[r, :len(x.ids)] = torch.tensor(x.ids)
-            yield chunk, ids, torch.tensor([x.start for x in chunk]), torch.tensor([len(x.ids) for x in chunk])
+        for prompt, members in groups.items():
+            for i in range(0, len(members), mb):
+                chunk = members[i:i + mb]
+                lens = torch.tensor([len(x.ids) - x.start for x in chunk])
+                comps = torch.zeros(len(chunk), int(lens.max()), dtype=torch.long)
+                for r, x in enumerate(chunk):
+                    comps[r, :lens[r]] = torch.tensor(x.ids[x.start:])
+                yield chunk, torch.tensor(prompt), comps, lens
 
     def old_logprobs(self, items: list[TrainItem]) -> None:
         """The behaviour policy's log-probs, before the first of several updates on one batch."""
         with torch.no_grad():
-            for chunk, ids, starts, lens in self._batches(items):
-                lp = self.policy.token_logprobs(ids, starts, lens)
+            for chunk, prompt, comps, lens in self._batches(items):
+                lp = self.policy.group_logprobs(prompt, comps, lens)
                 for r, x in enumerate(chunk):
-                    x.old_logp = lp[r, :len(x.ids)].clone()
+                    x.old_logp = lp[r, :lens[r]].clone()
 
     def _domain_grad(self, items: list[TrainItem], tokens: int, weight: float, stats: dict) -> list[torch.Tensor]:
         """Gradient of sum(token terms) / tokens over `items` (this rank's share), summed over ranks."""
         for p in self.params:
             p.grad = None
-        for chunk, ids, starts, lens in self._batches(items):
-            lp = self.policy.token_logprobs(ids, starts, lens)
-            old = torch.zeros_like(lp)
+        for chunk, prompt, comps, lens in self._batches(items):
+            lp = self.policy.group_logprobs(prompt, comps, lens)
+            old = lp.detach().clone()
             for r, x in enumerate(chunk):
-                old[r, :len(x.ids)] = x.old_logp if x.old_logp is not None else lp[r, :len(x.ids)].detach()
+                if x.old_logp is not None:
+                    old[r, :lens[r]] = x.old_logp
             ref = None
             if self.cfg.kl_beta > 0:
                 with torch.no_grad():
-                    ref = self.policy.token_logprobs(ids, starts, lens, reference=True)
+                    ref = self.policy.group_logprobs(prompt, comps, lens, reference=True)
             adv = torch.tensor([x.advantage for x in chunk], dtype=lp.dtype)
-            parts = policy_loss(lp, old, adv, _completion_mask(starts, lens, ids.shape[1]), tokens,
-                                self.cfg.clip_low, self.cfg.clip_high, ref, self.cfg.kl_beta)
+            mask = torch.arange(comps.shape[1])[None, :] < lens[:, None]
+            parts = policy_loss(lp, old, adv, mask, tokens, self.cfg.clip_low, self.cfg.clip_high, ref,
+                                self.cfg.kl_beta)
             (parts.loss * weight).backward()
             stats["loss"] += float(parts.loss.detach()) * weight
             stats["clipped"] += parts.clipped_tokens
@@ -217,11 +224,6 @@ class Updater:
 
 def _new_stats() -> dict:
     return {"loss": 0.0, "clipped": 0, "kl_sum": 0.0, "tokens": 0, "grad_norm": 0.0}
-
-
-def _completion_mask(starts: torch.Tensor, lens: torch.Tensor, width: int) -> torch.Tensor:
-    pos = torch.arange(width)[None, :]
-    return (pos >= starts[:, None]) & (pos < lens[:, None])
 
 
 def _flatten(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -21,15 +21,18 @@ CFG = tiny_config()
 DOMAINS = {"a": DomainSettings(), "b": DomainSettings()}
 
 
-def make_items(n: int = 8, seed: int = 1) -> list[TrainItem]:
+def make_items(n: int = 8, seed: int = 1, group: int = 1) -> list[TrainItem]:
+    """n completions; `group` consecutive ones share a prompt (GRPO's G samples)."""
     g = torch.Generator().manual_seed(seed)
     items = []
     for i in range(n):
-        prompt = int(torch.randint(3, 7, (1,), generator=g))
-        total = prompt + int(torch.randint(1, 9, (1,), generator=g))  # completions of different lengths
-        ids = torch.randint(0, CFG.vocab_size, (total,), generator=g).tolist()
+        if i % group == 0:
+            prompt = torch.randint(0, CFG.vocab_size, (int(torch.randint(3, 7, (1,), generator=g)),),
+                                   generator=g).tolist()
+        completion = torch.randint(0, CFG.vocab_size, (int(torch.randint(1, 9, (1,), generator=g)),),
+                                   generator=g).tolist()  # completions of different lengths
         adv = float(torch.randn(1, generator=g))
-        items.append(TrainItem(ids, prompt, adv, "a" if i % 2 else "b"))
+        items.append(TrainItem(prompt + completion, len(prompt), adv, "a" if (i // group) % 2 else "b"))
     return items
 
 
@@ -65,9 +68,11 @@ def reference_gradient(items: list[TrainItem]) -> list[torch.Tensor]:
     return [p.grad for p in policy.trainable().values()]
 
 
-@pytest.mark.parametrize("micro_batch", [1, 3, 8])
-def test_token_level_loss_is_exact_under_gradient_accumulation(micro_batch):
-    items = make_items()
+@pytest.mark.parametrize("micro_batch,group", [(1, 1), (3, 1), (8, 1), (1, 4), (3, 4), (8, 4)])
+def test_token_level_loss_is_exact_under_gradient_accumulation(micro_batch, group):
+    """Micro-batches of 1, 3 or 8 completions, with or without a prompt shared by 4 of them (computed
+    once per forward), give the gradient of one full-batch forward of every sequence on its own."""
+    items = make_items(group=group)
     want = reference_gradient(items)
     up = Updater(Policy(CFG, tiny_state(CFG), None), config(micro_batch=micro_batch), DOMAINS)
     got = up.gradients(items)["all"]
