@@ -27,6 +27,17 @@ def _summary(e: TrainEvent) -> str:
     return f"{rewards}{kl} loss={d['loss']:+.4f} {d['rollout_tokens_per_s']:.0f} tok/s{errors}"
 
 
+def _init_distributed() -> int:
+    """Under torchrun, join its process group (torch reads the launcher's variables itself)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_torchelastic_launched() or dist.is_initialized():
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
 def train_cmd(
     config: Path = typer.Argument(..., help="the run's YAML config (see docs/train.md)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in the run folder"),
@@ -44,12 +55,13 @@ def train_cmd(
         cfg = TrainConfig.load(config)
     except TrainConfigError as exc:
         _fail(str(exc))
+    rank = _init_distributed()
     run_dir = out or get_settings().data_dir / "train" / config.stem
     if not resume and (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
         _fail(f"{run_dir} already holds a run: pass --resume to continue it, or --out for a new folder")
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*columns, console=err, transient=False) as bar:
+    with Progress(*columns, console=err, transient=False, disable=rank != 0) as bar:
         task = bar.add_task("loading", total=cfg.steps, info="")
 
         def on_event(e: TrainEvent) -> None:
@@ -71,6 +83,8 @@ def train_cmd(
             result = run_training(cfg, run_dir, resume=resume, on_event=on_event)
         except (TrainConfigError, DomainError, CheckpointError, EngineError, ValueError) as exc:
             _fail(str(exc))
+    if rank != 0:
+        return
     typer.echo(f"run folder: {result.run_dir}  (report: {result.run_dir / 'report.md'})")
     if result.gate_passed is False:
         raise typer.Exit(1)

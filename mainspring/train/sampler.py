@@ -9,6 +9,7 @@ exactly the prompts the uninterrupted one would have.
 
 from __future__ import annotations
 
+import copy
 import random
 
 from mainspring.train.domains.base import Domain, Sample
@@ -77,8 +78,8 @@ class DomainSampler:
                 self.history[name] = (self.history[name] + [float(r)])[-2 * WINDOW:]
 
     def state_dict(self) -> dict:
-        return {"mode": self.mode, "rng": self.rng.getstate(), "order": self.order, "cursor": self.cursor,
-                "epoch": self.epoch, "history": self.history}
+        return copy.deepcopy({"mode": self.mode, "rng": self.rng.getstate(), "order": self.order,
+                              "cursor": self.cursor, "epoch": self.epoch, "history": self.history})
 
     def load_state_dict(self, state: dict) -> None:
         if set(state["order"]) != set(self.domains):
@@ -88,6 +89,7 @@ class DomainSampler:
             if len(order) != len(self.domains[name].train):
                 raise ValueError(f"checkpoint sampler: domain {name!r} had {len(order)} training prompts, "
                                  f"now {len(self.domains[name].train)}")
+        state = copy.deepcopy(state)  # a snapshot, never shared with the caller
         rng = state["rng"]
         self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
         self.order, self.cursor = state["order"], state["cursor"]

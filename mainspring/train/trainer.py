@@ -172,16 +172,20 @@ class Trainer:
         t2 = time.perf_counter()
         sync = self.policy.sync_into(self.engine)
         self.step += 1
-        per_domain: dict[str, list[float]] = {}
+        # rewards of every rank: the sampler's state must stay the same on all of them
+        names = list(self.domains)
+        sums = torch.zeros(2, len(names), dtype=torch.float64)
         lengths = []
         for g in seen:
             for c in g.completions:
-                per_domain.setdefault(g.domain, []).append(c.reward)
+                sums[0, names.index(g.domain)] += c.reward
+                sums[1, names.index(g.domain)] += 1
                 lengths.append(len(c.completion_ids))
-        self.sampler.observe({d: sum(v) / len(v) for d, v in per_domain.items()})
-        rewards = [r for v in per_domain.values() for r in v]
-        m = {"step": self.step, "loss": upd["loss"], "reward": sum(rewards) / max(1, len(rewards)),
-             **{f"reward_{d}": sum(v) / len(v) for d, v in per_domain.items()},
+        sums = self.world.all_reduce(sums)
+        per_domain = {n: float(sums[0, i] / sums[1, i]) for i, n in enumerate(names) if sums[1, i] > 0}
+        self.sampler.observe(per_domain)
+        m = {"step": self.step, "loss": upd["loss"], "reward": float(sums[0].sum() / sums[1].sum().clamp_min(1)),
+             **{f"reward_{d}": v for d, v in per_domain.items()},
              "groups": len(seen), "groups_kept": len(kept), "tokens": upd["tokens"],
              "clip_frac": upd["clipped"] / max(1, upd["tokens"]), "kl": upd["kl_sum"] / max(1, upd["tokens"]),
              "grad_norm": upd["grad_norm"], "lr": self.updater.schedulers[next(iter(self.updater.schedulers))].get_last_lr()[0],

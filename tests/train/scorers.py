@@ -36,3 +36,9 @@ def nan(sample, completion):
 
 
 NOT_CALLABLE = 3
+
+
+def vowels(sample, completion):
+    """A reward with variance even for a random model's text: the share of vowels among letters."""
+    letters = [c for c in completion.lower() if c.isalpha()]
+    return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0

@@ -129,3 +129,46 @@ def test_bad_configs_name_the_problem(tmp_path):
     bad.write_text("domains: [json\n")
     with pytest.raises(TrainConfigError, match="not valid YAML"):
         TrainConfig.load(bad)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
+    """`torchrun --nproc-per-node 2 -m mainspring train`: both ranks roll out their share, rank 0 writes."""
+    import os
+    import subprocess
+    import sys
+
+    from mainspring.train.export import export_model
+    from mainspring.train.policy import Policy
+
+    model = export_model(Policy(tiny.config, tiny.state_dict, None), tiny, tmp_path / "tiny-model", {"base": "tiny"})
+    data = tmp_path / "vowels.jsonl"
+    data.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": f"Say something about {i}.",
+                                          "split": "eval" if i >= 8 else "train"}) for i in range(10)))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {model}\ndomains: [{{name: vowels, data: {data}, scorer: tests.train.scorers:vowels, "
+                   "max_tokens: 6}]\nsteps: 2\nprompts_per_step: 4\ngroup_size: 2\nlora: {r: 4}\nthreads: 1\n"
+                   "eval_size: 2\nexport: false\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "0", "-m", "mainspring", "train", str(cfg), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # one writer, not two
+    assert all(m["groups"] == 2 for m in metrics)  # each rank generated its half of the 4 prompts
+    assert (out / "changes.json").exists()
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4}])
+def test_kl_to_the_reference_and_several_updates_per_batch(tiny, tmp_path, lora):
+    """With beta > 0 the KL to the starting model is 0 before any update and grows after one (the
+    reference is a frozen copy under full weights, the adapters switched off under LoRA); with mu = 2
+    the second update sees ratios != 1, and some get clipped."""
+    res = run_training(config(steps=2, kl_beta=0.1, updates_per_batch=2, lora=lora, lr=5e-2, clip_high=0.01,
+                              clip_low=0.01, dynamic_sampling=False), tmp_path, domains={"vowels": domain()},
+                       loaded=tiny)
+    assert res.steps_done == 2
+    m = losses(tmp_path)
+    assert m[1]["kl"] > 0
+    assert m[0]["clip_frac"] > 0 or m[1]["clip_frac"] > 0
