@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, or_, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -162,3 +162,14 @@ def cli_session(fail, *, readonly: bool = False):
     except (SQLAlchemyError, OSError) as exc:
         fail(f"cannot open the database: {exc}")
     return session(url, readonly=readonly)
+
+
+def newest_first_page(s: Session, row_cls, where, after_row, limit: int) -> tuple[list, bool]:
+    """One page of `row_cls` rows matching `where`, newest first, starting after `after_row` (the
+    previous page's last row, or None): OpenAI's `after`/`limit` lists. Returns (rows, has_more)."""
+    q = select(row_cls).where(where)
+    if after_row is not None:
+        q = q.where(or_(row_cls.created_at < after_row.created_at,
+                        (row_cls.created_at == after_row.created_at) & (row_cls.id < after_row.id)))
+    rows = list(s.scalars(q.order_by(row_cls.created_at.desc(), row_cls.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit

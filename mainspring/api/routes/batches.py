@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from mainspring.api.batch_lines import ENDPOINTS
 from mainspring.api.errors import APIError
 from mainspring.api.routes import new_id
 from mainspring.api.routes.files import get_owned
-from mainspring.store.db import session
+from mainspring.store.db import newest_first_page, session
 from mainspring.store.tables import BatchRow
 
 router = APIRouter()
@@ -154,13 +154,8 @@ async def list_batches(request: Request, after: str | None = None, limit: int = 
 
     def query() -> tuple[list[BatchRow], bool]:
         with session(_db(request), readonly=True) as s:
-            q = select(BatchRow).where(_visible(principal))
-            if after:
-                c = _get_owned(s, after, principal)
-                q = q.where(or_(BatchRow.created_at < c.created_at,
-                                (BatchRow.created_at == c.created_at) & (BatchRow.id < c.id)))
-            rows = list(s.scalars(q.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit + 1)))
-        return rows[:limit], len(rows) > limit
+            return newest_first_page(s, BatchRow, _visible(principal),
+                                     _get_owned(s, after, principal) if after else None, limit)
 
     rows, more = await asyncio.to_thread(query)
     return {"object": "list", "data": [batch_object(r).model_dump() for r in rows],

@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from mainspring.api.errors import APIError, bad_request
 from mainspring.api.routes.files import content_path, get_owned
 from mainspring.api.routes.models import EMBEDDED_MODEL, FAST_SUFFIX, find_finetuned, served_models
-from mainspring.store.db import session
+from mainspring.store.db import newest_first_page, session
 from mainspring.store.tables import FineTuningCheckpointRow, FineTuningEventRow, FineTuningJobRow
 from mainspring.train import job_store
 from mainspring.train.config import TrainConfigError
@@ -243,14 +243,8 @@ async def list_jobs(request: Request, after: str | None = None, limit: int = Que
 
     def query() -> tuple[list[FineTuningJobRow], bool]:
         with session(_db(request), readonly=True) as s:
-            q = select(FineTuningJobRow).where(_visible(principal))
-            if after:
-                c = _get_owned(s, after, principal)
-                q = q.where(or_(FineTuningJobRow.created_at < c.created_at,
-                                (FineTuningJobRow.created_at == c.created_at) & (FineTuningJobRow.id < c.id)))
-            rows = list(s.scalars(q.order_by(FineTuningJobRow.created_at.desc(), FineTuningJobRow.id.desc())
-                                  .limit(limit + 1)))
-        return rows[:limit], len(rows) > limit
+            return newest_first_page(s, FineTuningJobRow, _visible(principal),
+                                     _get_owned(s, after, principal) if after else None, limit)
 
     rows, more = await asyncio.to_thread(query)
     return {"object": "list", "data": [job_object(r) for r in rows], "has_more": more}
