@@ -177,9 +177,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--demo", action="store_true", help="run bench/train_demo.py's two demos instead")
-    ap.add_argument("--out", default=str(RESULTS / "train.json"))
+    ap.add_argument("--out", default=None, help="results JSON (default bench/results/train.json, or train_demo.json)")
     ap.add_argument("--update-readme", action="store_true")
-    args = ap.parse_args()
+    args, rest = ap.parse_known_args()
+    if rest and not args.demo:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.child:
         import tempfile
 
@@ -192,8 +194,9 @@ def main() -> None:
     if args.demo:
         from train_demo import main as demo_main
 
-        demo_main(sys.argv[1:])
+        demo_main([a for a in sys.argv[1:] if a != "--demo"])
         return
+    args.out = args.out or str(RESULTS / "train.json")
     w = workload(args)
     report = {"cpu": cpu_model(), "workload": w, "load_before": os.getloadavg()[0], "peers": {}}
     for peer in args.peers.split(","):

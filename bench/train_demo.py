@@ -4,12 +4,14 @@
    greedy eval before and after with paired bootstrap CIs; passes when at least two domains improve
    with an interval that excludes zero and the gate (no domain down by more than delta) is green.
 2. conflicting domains: `terse` ("answer in one word") vs `verbose` ("answer in a full sentence")
-   over near-identical prompts, trained three ways from the same start: the naive summed loss
-   (interference: sum), per-domain optimizers (weights) and PCGrad, same steps and seed. Shows
-   which keep the no-regression gate green.
+   over near-identical prompts, trained four ways from the same start: the naive summed loss
+   (interference: sum), per-domain optimizers (weights), the same with terse's learning rate cut
+   to a quarter, and PCGrad; same steps and seed. Shows which keep the no-regression gate green.
+   `conflict_same` repeats it over the very same prompts with no style asked for (user domains over
+   one data file), where only the rewards disagree.
 
     python bench/train.py --demo                     # both
-    python bench/train.py --demo --only conflict     # one of them
+    python bench/train.py --demo --only conflict     # one of them (multi, conflict, conflict_same)
 """
 
 from __future__ import annotations
@@ -60,11 +62,33 @@ def multi_domain(out_dir: Path) -> dict:
     return r
 
 
-def conflict(out_dir: Path) -> dict:
+# (label, interference, terse's lr_scale): the naive sum, per-domain optimizers, the same with the
+# louder domain's learning rate cut, and PCGrad; same start, steps and seed
+VARIANTS = (("sum", "sum", 1.0), ("weights", "weights", 1.0), ("weights, terse lr x0.25", "weights", 0.25),
+            ("pcgrad", "pcgrad", 1.0))
+
+
+def same_prompt_domains(out_dir: Path) -> tuple[dict, dict]:
+    """terse and verbose over the SAME prompts, no style asked for: the rewards alone disagree."""
+    from mainspring.train.domains.facts import FACTS
+
+    data = out_dir / "facts.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("\n".join(json.dumps({"id": f"f{i}", "prompt": q, "question": q, "answers": list(a)})
+                              for i, (q, a) in enumerate(FACTS)) + "\n")
+    scorer = "mainspring.train.domains.answer_style:score_"
+    return ({"name": "terse", "data": str(data), "scorer": scorer + "terse", "max_tokens": 16, "temperature": 1.0},
+            {"name": "verbose", "data": str(data), "scorer": scorer + "verbose", "max_tokens": 48,
+             "temperature": 1.0})
+
+
+def conflict(out_dir: Path, same_prompts: bool) -> dict:
+    terse, verbose = same_prompt_domains(out_dir) if same_prompts else ({"name": "terse"}, {"name": "verbose"})
     out = {}
-    for mode in ("sum", "weights", "pcgrad"):
-        print(f"conflicting-domains demo: {mode}", file=sys.stderr)
-        out[mode] = run(CONFIGS / "conflict.yaml", {"interference": mode}, out_dir / f"conflict-{mode}")
+    for i, (label, mode, scale) in enumerate(VARIANTS):
+        print(f"conflicting-domains demo ({'same' if same_prompts else 'similar'} prompts): {label}", file=sys.stderr)
+        overrides = {"interference": mode, "domains": [{**terse, "lr_scale": scale}, verbose]}
+        out[label] = run(CONFIGS / "conflict.yaml", overrides, out_dir / f"conflict-{int(same_prompts)}-{i}")
     return out
 
 
@@ -79,10 +103,14 @@ def markdown(report: dict) -> str:
         for n, c in sorted(demo["changes"].items()):
             lines.append(f"| {n} | {c['before']:.3f} | {c['after']:.3f} | {c['delta']:+.3f} | "
                          f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | {c['n']} |")
-    conf = report.get("conflict")
-    if conf:
-        lines += ["", "Conflicting domains (terse vs verbose, same start, steps and seed):", "",
-                  "| interference | terse delta | verbose delta | gate |", "|---|---|---|---|"]
+    for key, title in (("conflict", "similar prompts: the instruction differs, \"Answer in one word.\" vs "
+                                     "\"Answer in a full sentence.\""),
+                       ("conflict_same", "the same prompts, no style asked: only the rewards disagree")):
+        conf = report.get(key)
+        if not conf:
+            continue
+        lines += ["", f"Conflicting domains, terse vs verbose, {title} (same start, steps and seed; delta "
+                      "[95% CI]):", "", "| interference | terse delta | verbose delta | gate |", "|---|---|---|---|"]
         for mode, r in conf.items():
             ch = r["changes"]
 
@@ -98,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     from train import cpu_model
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--demo", action="store_true")
-    ap.add_argument("--only", choices=["multi", "conflict"])
+    ap.add_argument("--only", choices=["multi", "conflict", "conflict_same"])
     ap.add_argument("--runs", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "mainspring-train-demo"))
     ap.add_argument("--out", default=str(RESULTS / "train_demo.json"))
     ap.add_argument("--update-readme", action="store_true")
@@ -111,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "multi"):
         report["multi_domain"] = multi_domain(runs)
     if args.only in (None, "conflict"):
-        report["conflict"] = conflict(runs)
+        report["conflict"] = conflict(runs, same_prompts=False)
+    if args.only in (None, "conflict_same"):
+        report["conflict_same"] = conflict(runs, same_prompts=True)
     report["load_after"] = os.getloadavg()[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -66,3 +66,13 @@ def build_terse(seed: int = 0) -> Domain:
 def build_verbose(seed: int = 0) -> Domain:
     return _build(VERBOSE, VERBOSE_ASK, VerboseScorer(), DomainSettings(max_tokens=48, temperature=1.0), seed,
                   "simple facts answered in a full sentence (conflicts with 'terse')")
+
+
+# as user-domain scorers ("mainspring.train.domains.answer_style:score_terse"): the same rewards over
+# any data file whose lines carry "question" and "answers" (bench/train_demo.py's same-prompt conflict)
+def score_terse(sample: Sample, completion: str) -> Score:
+    return TerseScorer().score(sample, completion)
+
+
+def score_verbose(sample: Sample, completion: str) -> Score:
+    return VerboseScorer().score(sample, completion)
