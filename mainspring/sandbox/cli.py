@@ -128,6 +128,10 @@ def profiles() -> None:
     sandbox = _sandbox()
     table = Table("profile", "cpu s", "wall s", "memory MiB", "cpus", "pids", "file MiB", "workspace MiB", "runtime",
                   "egl")
+    # a narrow terminal folds the numbers' columns, never the profile names (what a reader looks for)
+    for col in table.columns[1:]:
+        col.overflow = "fold"
+    table.columns[0].min_width = max((len(n) for n in sandbox.profiles), default=7)
     for p in sandbox.profiles.values():
         table.add_row(p.name, str(p.cpu_s), f"{p.wall_s:g}", str(p.memory_mb), f"{p.cpus:g}", str(p.pids),
                       str(p.file_size_mb), str(p.workspace_mb), "yes" if p.runtime else "no", "yes" if p.egl else "no")

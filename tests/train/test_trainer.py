@@ -135,6 +135,7 @@ def test_bad_configs_name_the_problem(tmp_path):
 def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
     """`torchrun --nproc-per-node 2 -m mainspring train`: both ranks roll out their share, rank 0 writes."""
     import os
+    import socket
     import subprocess
     import sys
 
@@ -150,8 +151,12 @@ def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
                    "max_tokens: 6}]\nsteps: 2\nprompts_per_step: 4\ngroup_size: 2\nlora: {r: 4}\nthreads: 1\n"
                    "eval_size: 2\nexport: false\n")
     out = tmp_path / "run"
+    with socket.socket() as s:  # torchrun's --master-port 0 waits forever: give it a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "0", "-m", "mainspring", "train", str(cfg), "--out", str(out)],
+                           "--master-addr", "127.0.0.1", "--master-port", str(port),
+                           "-m", "mainspring", "train", str(cfg), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
