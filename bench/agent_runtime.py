@@ -77,7 +77,7 @@ async def bare_loop(steps: int) -> float:
 
 async def durable(runs: int, steps: int, data_dir: Path) -> tuple[float, int]:
     settings = Settings(data_dir=data_dir, agent_max_runs=max(64, runs))
-    rt = AgentRuntime(settings, models=lambda name: Policy(steps), tools={"noop": Noop()},
+    rt = AgentRuntime(settings, models=lambda name, project=None: Policy(steps), tools={"noop": Noop()},
                       db_url=f"sqlite:///{data_dir / 'bench.db'}")
     rt.put_agent(AgentSpec(name="bench", model="policy", tools=["noop"],
                            limits=AgentLimits(max_steps=steps + 5, context_tokens=10**6)))

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     tpm_limit: int = Field(0, ge=0, description="default tokens per minute per key; 0 = unlimited")
     record_trace: str = Field("", description="append a privacy-safe JSONL trace of chat calls here; empty = off")
     upstreams_file: str = Field("", description="YAML of OpenAI-compatible upstream endpoints served as models")
+    max_request_mb: float = Field(8.0, gt=0, description="largest request body (JSON routes); larger is a 413")
+    max_upload_mb: float = Field(101.0, gt=0, description="largest request body of a /v1/files upload (multipart, "
+                                 "so a little over the largest file); larger is a 413")
+    db_busy_timeout_s: float = Field(30.0, gt=0, description="how long a database write waits for another "
+                                     "process's lock; then the API answers 503 with Retry-After")
 
     sandbox_slots: int = Field(8, ge=1, le=256, description="sandboxed jobs at once (each slot has its own uid)")
     sandbox_uid_base: int = Field(640_000, ge=1000, description="host uid of sandbox slot 0 (slot n: base + n)")
@@ -63,6 +68,9 @@ class Settings(BaseSettings):
     agent_lease_s: float = Field(30.0, gt=0, description="a worker's lease on a run; renewed every third of it")
     agent_http_fetch: bool = Field(False, description="offer the http_fetch tool to agents (off: no egress)")
     agent_http_allow_private: bool = Field(False, description="let http_fetch reach loopback and private hosts")
+    agent_attach_roots: list[Path] = Field(
+        default_factory=list, description='server folders runs may attach paths under, as JSON: \'["/srv/docs"]\'; '
+        "empty = only files uploaded through /v1/files (by id); the data directory is never attachable")
     agent_workspace_copy_mb: int = Field(32, ge=1, description="run workspace copied into each code tool job")
 
     finetuned_dir: str = Field("", description="fine-tuned models served by the API, one Hugging Face folder each "

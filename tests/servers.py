@@ -48,3 +48,21 @@ def serve(app, engine) -> Iterator[Server]:
         srv.should_exit = True
         thread.join(timeout=15)
         sock.close()
+
+
+def wait_healthy(proc, url: str, log_path, timeout: float = 180.0) -> None:
+    """Until the server subprocess `proc` answers `url`/health; fails with its log's tail if it exits first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(open(log_path, errors="replace").read()[-3000:])
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the server at {url} did not come up within {timeout:.0f}s")

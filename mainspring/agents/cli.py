@@ -232,6 +232,36 @@ def ensure_agent(server: Server, name: str, model: str | None, tools: list[str] 
     return server.post("/v1/agents", spec)
 
 
+MAX_UPLOADS = 500
+
+
+def upload_attachments(server: Server, docs: Path | None, db: Path | None) -> dict[str, Any]:
+    """Upload the run's documents and database (POST /v1/files) and attach them by id: a run may read only its
+    own project's files, or paths the operator allows on the server."""
+    out: dict[str, Any] = {}
+    if docs is not None:
+        if not docs.is_dir():
+            _fail(f"--docs {docs}: not a folder")
+        files = sorted(p for p in docs.rglob("*") if p.is_file() and not p.is_symlink()
+                       and not any(part.startswith(".") for part in p.relative_to(docs).parts))
+        if not files:
+            _fail(f"--docs {docs}: no files in it")
+        if len(files) > MAX_UPLOADS:
+            _fail(f"--docs {docs}: {len(files)} files, more than {MAX_UPLOADS} to upload; put the folder under "
+                  "the server's MAINSPRING_AGENT_ATTACH_ROOTS and pass --server-paths")
+        out["docs"] = [_upload(server, f) for f in files]
+    if db is not None:
+        if not db.is_file():
+            _fail(f"--db {db}: not a file")
+        out["db"] = _upload(server, db)
+    return out
+
+
+def _upload(server: Server, path: Path) -> str:
+    with path.open("rb") as f:
+        return server.call("POST", "/v1/files", files={"file": (path.name, f)}, data={"purpose": "assistants"})["id"]
+
+
 def run_cmd(
     goal: str = typer.Argument(..., help="what the agent should achieve"),
     agent: str = typer.Option("default", "--agent", "-a", help="agent name; created when new"),
@@ -240,14 +270,20 @@ def run_cmd(
     follow_run: bool = typer.Option(True, "--follow/--no-follow", help="show the steps live until the run ends"),
     budget_tokens: Optional[int] = typer.Option(None, "--budget-tokens", min=1, help="pause the run past this"),
     budget_usd: Optional[str] = typer.Option(None, "--budget-usd", help="pause past this list-price cost, e.g. 0.50"),
-    docs: Optional[Path] = typer.Option(None, "--docs", help="a folder on the server for the search/files tools"),
-    db: Optional[Path] = typer.Option(None, "--db", help="a SQLite file on the server for the sql tool"),
+    docs: Optional[Path] = typer.Option(None, "--docs", help="a folder of documents for the search tool "
+                                        "(uploaded to the server)"),
+    db: Optional[Path] = typer.Option(None, "--db", help="a SQLite/DuckDB file for the sql tool (uploaded)"),
+    server_paths: bool = typer.Option(False, "--server-paths", help="send --docs/--db as paths on the server "
+                                      "instead (under its MAINSPRING_AGENT_ATTACH_ROOTS)"),
     api_key: Optional[str] = API_KEY,
 ) -> None:
     """Start an agent run on the server and show its steps as they happen."""
     server = Server(api_key)
     spec = ensure_agent(server, agent, model, _csv(tools))
-    attachments = {k: str(v.resolve()) for k, v in (("docs", docs), ("db", db)) if v is not None}
+    if server_paths:
+        attachments: dict[str, Any] = {k: str(v.resolve()) for k, v in (("docs", docs), ("db", db)) if v is not None}
+    else:
+        attachments = upload_attachments(server, docs, db)
     body: dict[str, Any] = {"agent": spec["id"], "goal": goal, "token_budget": budget_tokens,
                             "cost_budget_usd": budget_usd, "attachments": attachments or None}
     run = server.post("/v1/runs", {k: v for k, v in body.items() if v is not None})

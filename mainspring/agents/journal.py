@@ -78,16 +78,25 @@ def fenced(s: Session, run_id: str, owner: str) -> RunRow:
 
 
 # ---- agents, threads, runs ---------------------------------------------------------------------------
-def put_agent(db: str, spec: AgentSpec) -> AgentRow:
-    """The agent's newest version, adding one when the spec changed (runs keep the version they started on)."""
+def project_is(column: Any, project_id: int | None) -> Any:
+    """The SQL condition "belongs to project `project_id`" (None: the anonymous caller's rows, auth off)."""
+    return column.is_(None) if project_id is None else column == project_id
+
+
+def put_agent(db: str, spec: AgentSpec, project_id: int | None = None) -> AgentRow:
+    """The agent's newest version in its project, adding one when the spec changed (runs keep the version they
+    started on). Names are per project: another project's agent of the same name is another agent."""
     body = spec.model_dump_json()
     with session(db) as s:
-        latest = s.scalars(select(AgentRow).where(AgentRow.name == spec.name)
+        latest = s.scalars(select(AgentRow).where(AgentRow.name == spec.name,
+                                                  project_is(AgentRow.project_id, project_id))
                            .order_by(AgentRow.version.desc()).limit(1)).first()
         if latest is not None and latest.spec_json == body:
             return latest
         version = latest.version + 1 if latest else 1
-        row = AgentRow(id=f"agent_{spec.name}_v{version}", name=spec.name, version=version, spec_json=body)
+        suffix = "" if project_id is None else f"_p{project_id}"
+        row = AgentRow(id=f"agent_{spec.name}_v{version}{suffix}", project_id=project_id, name=spec.name,
+                       version=version, spec_json=body)
         s.add(row)
         return row
 
@@ -101,20 +110,25 @@ def agent_spec(s: Session, agent_id: str) -> AgentSpec:
 
 def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = None, priority: int = 0,
                token_budget: int | None = None, cost_budget_u: int | None = None,
-               attachments: dict[str, str] | None = None) -> RunRow:
+               attachments: dict[str, str] | None = None, project_id: int | None = None,
+               api_key_id: str | None = None) -> RunRow:
+    """A queued run of agent `agent_id` in project `project_id`, created by key `api_key_id` (whose ledger and
+    budgets its model calls use); its thread must be the project's own."""
     with session(db) as s:
         spec = agent_spec(s, agent_id)
         if thread_id is None:
             thread_id = new_id("thread")
-            s.add(ThreadRow(id=thread_id))
+            s.add(ThreadRow(id=thread_id, project_id=project_id))
             s.flush()  # no ORM relationship orders the inserts, so the thread goes first explicitly
-        elif s.get(ThreadRow, thread_id) is None:
+        elif s.scalar(select(ThreadRow.id).where(ThreadRow.id == thread_id,
+                                                 project_is(ThreadRow.project_id, project_id))) is None:
             raise JournalError(f"no thread {thread_id!r}", status=404)
         from mainspring.billing.prices import usd_to_micro
 
         limits = spec.limits
         run = RunRow(
-            id=new_id("run"), thread_id=thread_id, agent_id=agent_id, goal=goal, priority=priority,
+            id=new_id("run"), project_id=project_id, api_key_id=api_key_id, thread_id=thread_id,
+            agent_id=agent_id, goal=goal, priority=priority,
             token_budget=token_budget if token_budget is not None else limits.token_budget,
             cost_budget_u=cost_budget_u if cost_budget_u is not None else (
                 usd_to_micro(limits.cost_budget_usd) if limits.cost_budget_usd else None),

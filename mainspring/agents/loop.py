@@ -18,9 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents import control, journal, writes
-from mainspring.agents.context import Prompt, build_prompt, needs_compaction, summarize
+from mainspring.agents import charges, control, journal, writes
+from mainspring.agents.context import CHARS_PER_TOKEN, Prompt, build_prompt, needs_compaction, summarize
 from mainspring.agents.journal import LeaseLost, RunState
+from mainspring.agents.attachments import AttachmentPolicy, AttachmentRefused
 from mainspring.agents.tools.base import Tool, ToolContext, ToolError, ToolResult, TransientToolError, openai_schema
 from mainspring.engine.outputs import Usage
 
@@ -37,7 +38,7 @@ class LoopEnv:
     """What every run loop of a worker shares."""
     db: str
     owner: str
-    models: Callable[[str], Any]  # model name -> ChatModel
+    models: Callable[[str, int | None], Any]  # (model name, the run's project) -> ChatModel
     tools: Mapping[str, Tool]
     data_dir: Path
     price: Callable[[str, Usage], int]  # (model, usage) -> micro-USD
@@ -45,6 +46,8 @@ class LoopEnv:
     sleep: Callable[[float], Any] = asyncio.sleep
     executor: Executor | None = None  # the worker's journal thread(s); None: the event loop's default pool
     committer: writes.Committer | None = None  # group commit of the loops' batches; None: one by one
+    attachments: AttachmentPolicy | None = None  # None: attachments are not re-checked (tests' own worlds)
+    meter: Any = None  # billing.metering.Meter: model calls on the run's key's ledger (charges.py); None: not
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future:
         """Journal calls are blocking SQL: keep them off the event loop."""
@@ -158,7 +161,7 @@ class RunLoop:
     async def _run_calls(self, state: RunState, calls) -> bool:
         limits = state.spec.limits
         for call in calls:
-            tool = self.env.tools.get(call.name)
+            tool = self._allowed_tool(state, call.name)
             if call.status == "waiting_approval":
                 await self._commit()
                 return False  # an interrupt is open (a resolve queues the run again)
@@ -174,13 +177,18 @@ class RunLoop:
             await self._execute(state, call, tool)
         return True
 
+    def _allowed_tool(self, state: RunState, name: str) -> Tool | None:
+        """Exactly the tools the run's agent lists: a call to any other (known to the server or not) is refused."""
+        return self.env.tools.get(name) if name in state.spec.tools else None
+
     async def _execute(self, state: RunState, call, tool: Tool | None) -> None:
         self.current_call = call
         writes.start_call(self.batch, call, call.arguments_json)
         await self._commit()  # with the previous step's answer or call's result: one transaction, before the effect
         if tool is None:
-            result = ToolResult(f"unknown tool {call.name!r}; available: {', '.join(sorted(self.env.tools))}",
-                                is_error=True)
+            listed = ", ".join(sorted(state.spec.tools)) or "none"
+            result = ToolResult(f"tool {call.name!r} is not one of this agent's tools (refused, not run); "
+                                f"its tools: {listed}", is_error=True)
         else:
             try:
                 args = json.loads(call.arguments_json or "{}")
@@ -199,8 +207,15 @@ class RunLoop:
     async def _call_with_retries(self, state: RunState, call, tool: Tool, args: dict) -> ToolResult:
         workspace = self.env.data_dir / "runs" / self.run_id / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
+        attachments = json.loads(state.run.attachments_json or "{}")
+        if self.env.attachments is not None:  # checked again now: a path may have become a symlink since
+            try:
+                for kind, path in attachments.items():
+                    self.env.attachments.check_path(kind, path, stored=True)
+            except AttachmentRefused as exc:
+                return ToolResult(f"{exc} (refused, not run)", is_error=True)
         ctx = ToolContext(run_id=self.run_id, call_id=call.id, idempotency_key=call.idempotency_key,
-                          workspace=workspace, attachments=json.loads(state.run.attachments_json or "{}"),
+                          workspace=workspace, attachments=attachments,
                           cancel=self.cancel_event, sandbox=self.env.sandbox)
         delay = state.spec.limits.retry_backoff_s
         for attempt in range(tool.retries + 1):
@@ -247,7 +262,11 @@ class RunLoop:
                                  state.open_step.seq, "model", prompt.input_hash(tools))
         await self._commit()  # with the last call's result: one transaction, before the model is called
         try:
-            completion = await self._chat(state, prompt.messages, tools)
+            completion, charged_u = await self._chat(state, prompt.messages, tools, prompt.tokens())
+        except charges.KeyBudgetExceeded as exc:  # the key's or project's budget: paused as by the run's own
+            await self._write(charges.note_refusal, env.db, self.run_id, exc)
+            await self._write(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+            return False
         except ModelFailed as exc:
             await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
                               stop_reason="model_error")
@@ -256,9 +275,11 @@ class RunLoop:
         if wrap_up:
             message.pop("tool_calls", None)
         # the agent's name for its model when the sheet prices it ("default" is not), else the one that answered
-        cost = env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage)
+        cost = charged_u if charged_u is not None else (
+            env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage))
         # queued: committed with the first call's start (or with the ending), before either happens
-        calls = writes.complete_model_step(self.batch, state, step, message, completion.usage, cost, set(env.tools))
+        calls = writes.complete_model_step(self.batch, state, step, message, completion.usage, cost,
+                                              set(state.spec.tools) & set(env.tools))
         if not calls:
             writes.finish_run(self.batch, state, "succeeded", result=completion.text,
                               stop_reason="max_steps" if wrap_up else "final_answer")
@@ -272,17 +293,44 @@ class RunLoop:
         used = run.prompt_tokens + run.completion_tokens
         if run.token_budget is not None and used + estimate.total_tokens > run.token_budget:
             return True
-        served_as = getattr(self.env.models(state.spec.model), "model", None) or state.spec.model
+        model = self.env.models(state.spec.model, state.run.project_id)
+        served_as = getattr(model, "model", None) or state.spec.model
         estimate_u = self.env.price(state.spec.model, estimate) or self.env.price(served_as, estimate)
         if run.cost_budget_u is not None and run.cost_u + estimate_u > run.cost_budget_u:
             return True
         return False
 
-    async def _chat(self, state: RunState, messages: list[dict], tools: list[dict]):
+    async def _chat(self, state: RunState, messages: list[dict], tools: list[dict],
+                    prompt_tokens: int) -> tuple[Any, int | None]:
+        """The model's answer, and its cost when it was charged to the run's key's ledger (charges.py): the
+        call's worst case is held against the key's and project's budgets first (KeyBudgetExceeded if they cannot
+        cover it), and settled to its cost after; a call that ends without an answer releases its hold."""
+        env, limits = self.env, state.spec.limits
+        model = env.models(state.spec.model, state.run.project_id)
+        charge = None
+        if env.meter is not None:
+            served_as = getattr(model, "model", None)
+            input_tokens = prompt_tokens + (len(json.dumps(tools)) // CHARS_PER_TOKEN if tools else 0)
+            charge = await env.call(charges.reserve, env.meter, state.run, state.open_step.id,
+                                    (state.spec.model, served_as), input_tokens, limits.max_tokens)
+        try:
+            completion = await self._ask(state, model, messages, tools)
+        except BaseException:
+            if charge is not None:  # shielded: a cancel (pause, shutdown) must not leave the hold behind
+                try:
+                    await asyncio.shield(env.call(charges.release, charge))
+                except Exception:  # the hold then expires on its own; the call's own error is the one to report
+                    log.exception("run %s: could not release the budget hold of step %s", self.run_id, charge.step_id)
+            raise
+        if charge is None:
+            return completion, None
+        # priced as the step's cost is without a meter: the agent's name for its model, else the one that answered
+        return completion, await env.call(charges.settle, charge, (state.spec.model, completion.model), completion)
+
+    async def _ask(self, state: RunState, model: Any, messages: list[dict], tools: list[dict]):
         from mainspring.models import UpstreamError
 
         limits = state.spec.limits
-        model = self.env.models(state.spec.model)
         last = ""
         for attempt in range(limits.model_retries + 1):
             try:

@@ -1,16 +1,27 @@
 """AgentRuntime: the one object the HTTP API and the CLI use — agents, runs, interrupts, events, audit —
-plus the worker that drives runs in this process."""
+plus the worker that drives runs in this process.
+
+Tenancy: every agent, thread and run belongs to a project (None: anonymous, the single local user with auth
+off). `runtime.scoped(project_id, api_key_id)` is the view a caller gets: each of its reads, lists and actions
+sees only that project's rows, and another project's id is "not found" (404), never "forbidden", so a caller
+cannot even learn that it exists. The unscoped runtime is the operator's (the worker, the CLI's local tools).
+"""
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
+from sqlalchemy.orm import Session
 
 from mainspring.agents import audit, control, journal
-from mainspring.agents.journal import JournalError
+from mainspring.agents.attachments import AttachmentPolicy
+from mainspring.agents.event_bus import EventBus
+from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, InterruptRow, RunRow, StepRow,
                                       ThreadRow, ToolCallRow)
@@ -20,28 +31,49 @@ from mainspring.config import Settings
 from mainspring.store.db import init_db, session
 
 
-def app_models(app) -> Callable[[str], Any]:
-    """Model names an agent may use in this server: the embedded engine's (or "default"), and the upstreams."""
+def app_models(app) -> Callable[[str, int | None], Any]:
+    """Model names an agent may use in this server: the embedded engine's (or "default"), the upstreams, and the
+    fine-tuned models (ft:...) its project may see, each loaded when a run first calls it."""
     from mainspring.models import LocalModel, OpenAICompatibleModel
 
     cache: dict[str, Any] = {}
 
-    def resolve(name: str):
+    def resolve(name: str, project_id: int | None = None):
         if name in cache:
             return cache[name]
         engine = app.state.engine
         route = app.state.upstreams.get(name)
+        registry = getattr(app.state, "finetuned", None)
         if route is not None:
             model = OpenAICompatibleModel(route.upstream.url("/v1"), route.upstream.api_key or None,
                                           model=route.model.remote, timeout=route.upstream.timeout_s)
         elif engine is not None and name in ("default", "smollm2", engine.engine.name):
             model = LocalModel(engine)
+        elif registry is not None and (ft := registry.find_for_project(project_id, name)) is not None:
+            return FineTunedChat(registry, ft, LocalModel)  # not cached: visibility is per project
         else:
             raise JournalError(f"unknown model {name!r} for an agent", status=400)
         cache[name] = model
         return model
 
     return resolve
+
+
+class FineTunedChat:
+    """A fine-tuned model as an agent's ChatModel: its engine is loaded (or reused) by the registry on first call."""
+
+    def __init__(self, registry: Any, ft: Any, local: type):
+        self.registry, self.ft, self.local, self.model = registry, ft, local, ft.id
+
+    async def _model(self):
+        return self.local(await self.registry.engine(self.ft), model=self.ft.id)
+
+    async def chat(self, messages: list[dict], **kwargs: Any):
+        return await (await self._model()).chat(messages, **kwargs)
+
+    async def stream(self, messages: list[dict], **kwargs: Any):
+        async for chunk in (await self._model()).stream(messages, **kwargs):
+            yield chunk
 
 
 def default_tools(settings: Settings) -> dict[str, Tool]:
@@ -51,8 +83,21 @@ def default_tools(settings: Settings) -> dict[str, Tool]:
     return {name: registry.get(name) for name in registry.names()}
 
 
+@dataclass(frozen=True)
+class Scope:
+    project_id: int | None = None
+    api_key_id: str | None = None
+    operator: bool = False  # sees every project: the worker and local tools, never an HTTP caller
+
+
+OPERATOR = Scope(operator=True)
+
+
 class AgentRuntime:
-    def __init__(self, settings: Settings, *, models: Callable[[str], Any], tools: Mapping[str, Tool] | None = None,
+    scope: Scope = OPERATOR
+
+    def __init__(self, settings: Settings, *, models: Callable[[str, int | None], Any],
+                 tools: Mapping[str, Tool] | None = None,
                  sandbox: Any = None, db_url: str | None = None):
         self.settings = settings
         self.db = db_url or settings.resolved_database_url()
@@ -65,6 +110,25 @@ class AgentRuntime:
         self.worker = Worker(self.db, models=models, tools=self.tools, data_dir=settings.data_dir,
                              capacity=settings.agent_max_runs, lease_s=settings.agent_lease_s, sandbox=sandbox,
                              price=list_price(settings.prices_file))
+        self.event_bus = EventBus(self.db)  # wakes the SSE followers of runs (api/routes/runs.py)
+        self.attachments = AttachmentPolicy.from_settings(settings)
+        self.worker.env.attachments = self.attachments
+
+    def scoped(self, project_id: int | None, api_key_id: str | None = None) -> AgentRuntime:
+        """This runtime as project `project_id` sees it (sharing the worker and database)."""
+        view = copy.copy(self)
+        view.scope = Scope(project_id, api_key_id)
+        return view
+
+    # ---- what the scope sees ----------------------------------------------------------------------------
+    def _mine(self, column) -> Any:
+        return true() if self.scope.operator else project_is(column, self.scope.project_id)
+
+    def _run(self, s: Session, run_id: str) -> RunRow:
+        run = journal.get_run(s, run_id)
+        if not self.scope.operator and run.project_id != self.scope.project_id:
+            raise JournalError(f"no run {run_id!r}", status=404)  # the same answer as for an id never used
+        return run
 
     async def start(self) -> None:
         await self.worker.start()
@@ -72,41 +136,56 @@ class AgentRuntime:
     async def stop(self) -> None:
         await self.worker.stop()
 
+    def _of_run(self, s: Session, table: type, row_id: str, what: str) -> Any:
+        """Row `row_id` of a table hanging off runs (interrupts, artifacts), when its run is the scope's."""
+        row = s.get(table, row_id)
+        if row is None or not (self.scope.operator or s.get(RunRow, row.run_id).project_id == self.scope.project_id):
+            raise JournalError(f"no {what} {row_id!r}", status=404)
+        return row
+
     # ---- agents and runs --------------------------------------------------------------------------------
     def put_agent(self, spec: AgentSpec) -> AgentRow:
         unknown = sorted(set(spec.tools) - set(self.tools))
         if unknown:
             raise JournalError(f"unknown tools {unknown}; available: {sorted(self.tools)}", status=400)
         try:
-            self.worker.env.models(spec.model)  # an unknown model is refused now, not when a run fails later
+            # an unknown model is refused now, not when a run fails later
+            self.worker.env.models(spec.model, self.scope.project_id)
         except (KeyError, LookupError) as exc:
             raise JournalError(f"unknown model {spec.model!r}", status=400) from exc
-        return journal.put_agent(self.db, spec)
+        return journal.put_agent(self.db, spec, self.scope.project_id)
 
     def agent(self, name_or_id: str) -> AgentRow:
         with session(self.db, readonly=True) as s:
-            row = s.get(AgentRow, name_or_id) or s.scalars(
-                select(AgentRow).where(AgentRow.name == name_or_id).order_by(AgentRow.version.desc())).first()
+            mine = self._mine(AgentRow.project_id)
+            row = s.scalar(select(AgentRow).where(AgentRow.id == name_or_id, mine)) or s.scalars(
+                select(AgentRow).where(AgentRow.name == name_or_id, mine).order_by(AgentRow.version.desc())).first()
             if row is None:
                 raise JournalError(f"no agent {name_or_id!r}", status=404)
             return row
 
     def agents(self) -> list[AgentRow]:
         with session(self.db, readonly=True) as s:
-            return list(s.scalars(select(AgentRow).order_by(AgentRow.name, AgentRow.version)))
+            return list(s.scalars(select(AgentRow).where(self._mine(AgentRow.project_id))
+                                  .order_by(AgentRow.name, AgentRow.version)))
 
-    def start_run(self, agent: str, goal: str, **options: Any) -> RunRow:
-        run = journal.create_run(self.db, self.agent(agent).id, goal, **options)
+    def start_run(self, agent: str, goal: str, *, attachments: dict | None = None, **options: Any) -> RunRow:
+        """A queued run; `attachments` ({"docs": folder | [file ids], "db": path | file id}) are checked and
+        resolved to server paths first (agents/attachments.py)."""
+        agent_id = self.agent(agent).id
+        resolved = self.attachments.resolve(self.db, self.scope.project_id, attachments or {})
+        run = journal.create_run(self.db, agent_id, goal, attachments=resolved, project_id=self.scope.project_id,
+                                 api_key_id=self.scope.api_key_id, **options)
         self.worker.notify()
         return run
 
     def run(self, run_id: str) -> RunRow:
         with session(self.db, readonly=True) as s:
-            return journal.get_run(s, run_id)
+            return self._run(s, run_id)
 
     def runs(self, status: str | None = None, limit: int = 50) -> list[RunRow]:
         with session(self.db, readonly=True) as s:
-            q = select(RunRow).order_by(RunRow.created_at.desc()).limit(limit)
+            q = select(RunRow).where(self._mine(RunRow.project_id)).order_by(RunRow.created_at.desc()).limit(limit)
             if status:
                 q = q.where(RunRow.status == status)
             return list(s.scalars(q))
@@ -114,7 +193,7 @@ class AgentRuntime:
     def steps(self, run_id: str) -> list[dict]:
         """The run's journal, readable: each step with its tool calls and their results."""
         with session(self.db, readonly=True) as s:
-            journal.get_run(s, run_id)
+            self._run(s, run_id)
             calls: dict[str, list[ToolCallRow]] = {}
             for c in s.scalars(select(ToolCallRow).where(ToolCallRow.run_id == run_id).order_by(ToolCallRow.ordinal)):
                 calls.setdefault(c.step_id, []).append(c)
@@ -133,14 +212,15 @@ class AgentRuntime:
 
     def events(self, run_id: str, after: int = 0, limit: int = 500) -> list[EventRow]:
         with session(self.db, readonly=True) as s:
-            journal.get_run(s, run_id)
+            self._run(s, run_id)
             return list(s.scalars(select(EventRow).where(EventRow.run_id == run_id, EventRow.id > after)
                                   .order_by(EventRow.id).limit(limit)))
 
     # ---- people acting on runs --------------------------------------------------------------------------
     def interrupts(self, run_id: str | None = None, status: str | None = "pending") -> list[InterruptRow]:
         with session(self.db, readonly=True) as s:
-            q = select(InterruptRow).order_by(InterruptRow.created_at)
+            q = (select(InterruptRow).join(RunRow, RunRow.id == InterruptRow.run_id)
+                 .where(self._mine(RunRow.project_id)).order_by(InterruptRow.created_at))
             if run_id:
                 q = q.where(InterruptRow.run_id == run_id)
             if status:
@@ -149,6 +229,8 @@ class AgentRuntime:
 
     def resolve(self, interrupt_id: str, decision: str, *, actor: str = "user", arguments: dict | None = None,
                 comment: str | None = None) -> InterruptRow:
+        with session(self.db, readonly=True) as s:
+            self._of_run(s, InterruptRow, interrupt_id, "interrupt")
         row = control.resolve(self.db, interrupt_id, decision, actor=actor, arguments=arguments, comment=comment)
         self.worker.notify()
         return row
@@ -156,6 +238,7 @@ class AgentRuntime:
     def act(self, run_id: str, action: str, actor: str = "user") -> RunRow:
         """cancel (cuts the step in flight, sandboxed jobs included) | interrupt (pause now, cutting the step
         in flight) | pause (after the step in flight) | resume."""
+        self.run(run_id)  # another project's run: 404 before anything changes
         control.request(self.db, run_id, "pause" if action == "interrupt" else action, actor)
         if action in ("cancel", "pause", "interrupt"):
             self.worker.interrupt(run_id, "cancel" if action == "cancel" else "pause", cut=action != "pause")
@@ -164,12 +247,14 @@ class AgentRuntime:
 
     def create_thread(self, metadata: dict | None = None) -> ThreadRow:
         with session(self.db) as s:
-            row = ThreadRow(id=journal.new_id("thread"), metadata_json=json.dumps(metadata) if metadata else None)
+            row = ThreadRow(id=journal.new_id("thread"), project_id=self.scope.project_id,
+                            metadata_json=json.dumps(metadata) if metadata else None)
             s.add(row)
             return row
 
     def raise_budget(self, run_id: str, *, token_budget: int | None = None, cost_budget_u: int | None = None,
                      actor: str = "user") -> RunRow:
+        self.run(run_id)
         control.raise_budget(self.db, run_id, token_budget=token_budget, cost_budget_u=cost_budget_u, actor=actor)
         self.worker.notify()
         return self.run(run_id)
@@ -177,24 +262,22 @@ class AgentRuntime:
     # ---- artifacts and audit ----------------------------------------------------------------------------
     def artifacts(self, run_id: str) -> list[ArtifactRow]:
         with session(self.db, readonly=True) as s:
-            journal.get_run(s, run_id)
+            self._run(s, run_id)
             return list(s.scalars(select(ArtifactRow).where(ArtifactRow.run_id == run_id)))
 
     def artifact_path(self, artifact_id: str) -> tuple[ArtifactRow, Path]:
         with session(self.db, readonly=True) as s:
-            row = s.get(ArtifactRow, artifact_id)
-            if row is None:
-                raise JournalError(f"no artifact {artifact_id!r}", status=404)
+            row = self._of_run(s, ArtifactRow, artifact_id, "artifact")
             return row, self.settings.data_dir / row.path
 
     def verify_audit(self, run_id: str) -> audit.Verdict:
         with session(self.db, readonly=True) as s:
-            journal.get_run(s, run_id)
+            self._run(s, run_id)
             return audit.verify(s, run_id)
 
     def export_audit(self, run_id: str) -> Iterator[str]:
         with session(self.db, readonly=True) as s:
-            journal.get_run(s, run_id)
+            self._run(s, run_id)
             yield from list(audit.export_jsonl(s, run_id))
 
     def counts(self) -> dict[str, int]:

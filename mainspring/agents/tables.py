@@ -18,10 +18,13 @@ TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 
 
 class AgentRow(Base):
-    __tablename__ = "agents"
-    __table_args__ = (UniqueConstraint("name", "version"),)
+    """Agent names are unique per project: two projects may each have an agent "helper"."""
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "agent_<name>_v<version>"
+    __tablename__ = "agents"
+    __table_args__ = (UniqueConstraint("project_id", "name", "version"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "agent_<name>_v<version>", + "_p<project>"
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)  # None: anonymous
     name: Mapped[str] = mapped_column(String(128), index=True)
     version: Mapped[int] = mapped_column(Integer)
     spec_json: Mapped[str] = mapped_column(Text)  # AgentSpec, frozen for this version
@@ -32,15 +35,20 @@ class ThreadRow(Base):
     __tablename__ = "threads"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
     metadata_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class RunRow(Base):
     __tablename__ = "runs"
-    __table_args__ = (Index("ix_runs_status_priority", "status", "priority"),)
+    __table_args__ = (Index("ix_runs_status_priority", "status", "priority"),
+                      Index("ix_runs_project_created", "project_id", "created_at"))
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # the project of the key that created the run (None: anonymous); its model calls are charged to that key
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
     thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"), index=True)
     agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id"))  # pinned version
     goal: Mapped[str] = mapped_column(Text)

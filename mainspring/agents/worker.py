@@ -18,29 +18,44 @@ from mainspring.engine.outputs import Usage
 log = logging.getLogger("mainspring.agents")
 
 
-def list_price(prices_file: str | None = None) -> Callable[[str, Usage], int]:
+class ListPrice:
     """(model, usage) -> list-price micro-USD from the price sheet; models it does not list cost 0."""
-    from mainspring.billing.prices import PriceError, load_price_sheet, price
-    from mainspring.billing.usage import from_engine
 
-    sheet = load_price_sheet(prices_file or None)
+    def __init__(self, sheet: Any) -> None:
+        self.sheet = sheet  # billing.prices.PriceSheet: the worker's Meter prices the ledger rows with the same
 
-    def cost(model: str, usage: Usage) -> int:
+    def __call__(self, model: str, usage: Usage) -> int:
+        from mainspring.billing.prices import PriceError, price
+        from mainspring.billing.usage import from_engine
+
         try:
-            return price(from_engine(usage, model), sheet).total_u
+            return price(from_engine(usage, model), self.sheet).total_u
         except PriceError:
             return 0
 
-    return cost
+
+def list_price(prices_file: str | None = None) -> ListPrice:
+    from mainspring.billing.prices import load_price_sheet
+
+    return ListPrice(load_price_sheet(prices_file or None))
 
 
 class Worker:
-    def __init__(self, db_url: str, *, models: Callable[[str], Any], tools: Mapping[str, Tool], data_dir: Path,
+    def __init__(self, db_url: str, *, models: Callable[[str, int | None], Any],
+                 tools: Mapping[str, Tool], data_dir: Path,
                  capacity: int = 64, lease_s: float = 30.0, poll_s: float = 0.2, sandbox: Any = None,
-                 price: Callable[[str, Usage], int] | None = None, sleep: Callable[[float], Any] = asyncio.sleep):
+                 price: Callable[[str, Usage], int] | None = None, sleep: Callable[[float], Any] = asyncio.sleep,
+                 meter: Any = None):
+        """`meter` (billing.metering.Meter) charges the runs' model calls to their keys' ledger and budgets; by
+        default one on `price`'s sheet when `price` is a ListPrice (a bare callable: calls are not charged)."""
+        from mainspring.billing.metering import Meter
+
         self.owner = leases.new_owner()
+        price = price or list_price()
+        if meter is None and isinstance(price, ListPrice):
+            meter = Meter(db_url, price.sheet)
         self.env = LoopEnv(db=db_url, owner=self.owner, models=models, tools=tools, data_dir=data_dir,
-                           price=price or list_price(), sandbox=sandbox, sleep=sleep)
+                           price=price, sandbox=sandbox, sleep=sleep, meter=meter)
         self.capacity, self.lease_s, self.poll_s = capacity, lease_s, poll_s
         self.loops: dict[str, tuple[RunLoop, asyncio.Task]] = {}
         self._wake = asyncio.Event()

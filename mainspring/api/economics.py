@@ -1,5 +1,6 @@
 """What every API call costs: who is calling (key), may they (rate limits, budget), what it cost
-(price sheet → ledger). One instance per app; the database calls run on worker threads."""
+(price sheet → ledger). One instance per app; the database calls run on worker threads. The budget and ledger
+work is a `Meter`'s (billing/metering.py), shared with agent runs, so every model call lands on one ledger."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from dataclasses import dataclass
 
 from mainspring.api.errors import APIError
 from mainspring.api.ratelimit import RateLimiter, RateLimited
-from mainspring.billing import budgets, ledger
 from mainspring.billing.budgets import BudgetExceeded, Reservation
 from mainspring.billing.keys import effective_limits, verify_key
-from mainspring.billing.prices import PriceError, load_price_sheet, price
-from mainspring.billing.usage import from_engine
+from mainspring.billing.metering import Meter
+from mainspring.billing.prices import PriceError, load_price_sheet
 from mainspring.config import Settings
 from mainspring.engine.outputs import Usage
 from mainspring.store.db import init_db, session
@@ -35,8 +35,9 @@ class Economics:
         self.settings = settings
         self.db = init_db(settings.resolved_database_url())
         self.sheet = load_price_sheet(settings.prices_file or None)
-        with session(self.db) as s:
-            ledger.register_price_sheet(s, self.sheet)
+        self.meter = Meter(self.db, self.sheet)
+        # server start: the holds of requests an earlier process died serving no longer block their budgets
+        self.meter.release_stale()
         self.limiter = RateLimiter()
 
     # -- who ------------------------------------------------------------------------------
@@ -63,9 +64,8 @@ class Economics:
         except RateLimited as exc:
             raise APIError(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": exc.retry_after})
         try:
-            with session(self.db) as s:
-                reservation = budgets.reserve(s, request_id, key, sheet=self.sheet, model=model, tier=tier,
-                                              input_tokens=prompt_tokens, max_output_tokens=max_output_tokens)
+            reservation = self.meter.reserve(key, request_id, model=model, tier=tier, input_tokens=prompt_tokens,
+                                             max_output_tokens=max_output_tokens)
         except BudgetExceeded as exc:
             self.limiter.settle(call, 0)
             raise APIError(402, str(exc), code="budget_exceeded")
@@ -81,10 +81,7 @@ class Economics:
     def record(self, key: ApiKey | None, admission: Admission, request_id: str, endpoint: str, model: str,
                tier: str, stream: bool, usage: Usage, status: str, finish_reason: str | None) -> int:
         """Ledger row + settled reservation in one transaction; returns the cost in micro-USD."""
-        rec = from_engine(usage, model, tier, stream=stream, finish_reason=finish_reason)
-        cost = price(rec, self.sheet)
-        with session(self.db) as s:
-            ledger.record(s, request_id, key, rec, cost, status, endpoint=endpoint)
-            budgets.settle(s, admission.reservation, cost.total_u)
+        cost_u = self.meter.record(key, admission.reservation, request_id, usage, endpoint=endpoint, model=model,
+                                   tier=tier, stream=stream, status=status, finish_reason=finish_reason)
         self.limiter.settle(admission.call, usage.prompt_tokens + usage.completion_tokens)
-        return cost.total_u
+        return cost_u

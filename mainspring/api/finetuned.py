@@ -92,9 +92,12 @@ class FineTunedModels:
         return [m for m in self.scan() if m.visible_to(principal)]
 
     def find(self, principal: Any, model_id: str) -> FineTunedModel | None:
+        return self.find_for_project(principal.project_id if principal is not None else None, model_id)
+
+    def find_for_project(self, project_id: int | None, model_id: str) -> FineTunedModel | None:
         if not model_id or "/" in model_id or "\0" in model_id or model_id.startswith("."):
             return None  # a name, never a path
-        return next((m for m in self.scan(only=model_id) if m.visible_to(principal)), None)
+        return next((m for m in self.scan(only=model_id) if m.public or m.project_id == project_id), None)
 
     # ---- engines -------------------------------------------------------------------------------------------
     async def engine(self, m: FineTunedModel) -> Any:

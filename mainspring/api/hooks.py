@@ -10,7 +10,9 @@ Every generation route calls them in this order, exactly once each per HTTP call
 `after_call` runs for every call whose `before_call` returned (whatever happens next), and gets
 the tokens actually produced: a stream the client broke off reports what was
 generated up to that point with status "stream_interrupted"; a non-streamed call whose client left
-reports "cancelled"; an engine failure reports "error". An exception raised by `authenticate` or
+reports "cancelled"; an engine failure reports "error". The hold `before_call` takes never expires
+while the call runs, however long; if the server dies first, the next start releases it (billing/holds.py).
+An exception raised by `authenticate` or
 `before_call` (an `APIError`, e.g. 401 or 402/429) becomes the HTTP answer in the route's error shape.
 """
 

@@ -4,7 +4,9 @@ Admission rejects when `spent + open reservations + this reservation > hard limi
 requests cannot together overspend: the check and the insert of the reservation happen in one
 transaction that is serialised per budget (BEGIN IMMEDIATE on SQLite, which `store.session()` uses
 for writes; SELECT ... FOR UPDATE on the budget rows on Postgres). Expired reservations (a
-crashed worker that never settled) stop counting after their TTL.
+crashed worker that never settled) stop counting after their TTL. Requests that can outlive a TTL
+reserve through `metering.Meter`, which keeps their holds alive while they run and releases an
+earlier process's holds at server start (billing/holds.py).
 
 Call pattern (see also the report in the API issue):
     with session() as s: res = reserve(s, rid, key, sheet=..., model=..., tier=..., input_tokens=..., max_output_tokens=...)

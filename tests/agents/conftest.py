@@ -93,7 +93,7 @@ def db_url(tmp_path):
 
 def make_runtime(tmp_path: Path, db_url: str, model: ChatModel, tools: dict, **settings: Any) -> AgentRuntime:
     s = Settings(data_dir=tmp_path, **settings)
-    return AgentRuntime(s, models=lambda name: model, tools=tools, db_url=db_url)
+    return AgentRuntime(s, models=lambda name, project=None: model, tools=tools, db_url=db_url)
 
 
 def drive(runtime: AgentRuntime, body):

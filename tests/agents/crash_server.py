@@ -21,7 +21,7 @@ def main() -> None:
         "count": CountTool(ledgers / "count", delay_s=0.3, delay_after_s=0.3),  # idempotent: keyed effects
         "charge": CountTool(ledgers / "charge", name="charge", idempotent=False, delay_s=2.0),
     }
-    app = create_app(Settings(), agent_models=lambda name: models[name], agent_tools=tools)
+    app = create_app(Settings(), agent_models=lambda name, project=None: models[name], agent_tools=tools)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 

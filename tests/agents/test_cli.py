@@ -214,3 +214,24 @@ def test_the_view_parses_sse_and_describes_every_event_kind():
     assert describe({"type": "run.status", "run_id": "run_1", "data": {"status": "paused", "reason": "user"}}) \
         == "[yellow bold]⏸ paused[/yellow bold] — resume it: mainspring runs resume run_1"
     assert describe({"type": "something.new", "data": {"a": 1}}) == '[dim]· something.new {"a": 1}[/dim]'
+
+
+def test_run_uploads_its_documents_and_database_and_server_paths_need_a_root(server, tmp_path):
+    docs = tmp_path / "mydocs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "a.txt").write_text("alpha")
+    (docs / "sub" / "b.md").write_text("beta")
+    (docs / ".hidden").write_text("not sent")
+    db = tmp_path / "facts.duckdb"
+    db.write_bytes(b"not really a database")
+    r = mainspring("run", "read", "--agent", "reader", "--tools", "echo", "--docs", str(docs), "--db", str(db),
+                   "--no-follow")
+    assert r.code == 0, r
+    run = server.app.state.agents.run(r.out.strip())
+    attached = json.loads(run.attachments_json)
+    assert sorted(p.name for p in Path(attached["docs"]).iterdir()) == ["a.txt", "b.md"]
+    assert Path(attached["db"]).name == "facts.duckdb" and Path(attached["db"]).read_bytes() == db.read_bytes()
+    assert Path(attached["docs"]).resolve().is_relative_to(tmp_path.resolve())  # a copy on the server side
+    refused = mainspring("run", "read", "--agent", "reader", "--docs", str(docs), "--server-paths", "--no-follow")
+    assert refused.code == 2 and "[HTTP 400]" in refused.err  # here: under the data dir, never attachable
+    assert "data directory cannot be attached" in refused.err

@@ -100,7 +100,7 @@ def test_unknown_tools_and_bad_arguments_come_back_as_errors_the_model_sees(tmp_
     rt.put_agent(spec())
     run = rt.start_run("tester", "call a tool that does not exist")
     done = drive(rt, lambda: wait_status(rt, run.id, TERMINAL))
-    assert done.status == "succeeded" and "unknown tool 'nope'; available: count" in done.result
+    assert done.status == "succeeded" and "tool 'nope' is not one of this agent's tools (refused, not run); its tools: count" in done.result
     [call] = rt.steps(run.id)[0]["tool_calls"]
     assert call["status"] == "failed"
 

@@ -107,7 +107,8 @@ def agent_server(data_dir: Path, engine: Any = None, models: Any = "policy", too
     policy = PolicyModel()
     tools = test_tools() if tools == "test" else tools
     app = create_app(Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir}/db.sqlite", **settings),
-                     engine=engine or NoEngine(), agent_models=(lambda name: policy) if models == "policy" else models,
+                     engine=engine or NoEngine(),
+                     agent_models=(lambda name, project=None: policy) if models == "policy" else models,
                      agent_tools=tools)
     try:
         with serve(app, engine) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:

@@ -90,3 +90,22 @@ def test_one_load_per_model_and_the_least_recently_used_is_retired(registry):
         time.sleep(0.05)
     registry.close()
     assert a.closed and registry.loaded() == []
+
+
+def test_an_agent_may_use_its_projects_fine_tuned_models_only(registry):
+    """Agents resolve ft: names per run's project (api app_models): another project's model is unknown."""
+    from mainspring.agents.journal import JournalError
+    from mainspring.agents.runtime import app_models
+    from mainspring.models import LocalModel
+
+    app = SimpleNamespace(state=SimpleNamespace(engine=None, upstreams={}, finetuned=registry))
+    resolve = app_models(app)
+    mine = resolve("ft:Base::ftjob-a", 1)
+    assert mine.model == "ft:Base::ftjob-a" and registry.loads == []  # loaded on the first call, not before
+    local = asyncio.run(mine._model())
+    assert isinstance(local, LocalModel) and local.engine.name == "ft:Base::ftjob-a"
+    assert registry.loads == ["ft:Base::ftjob-a"]
+    for project in (2, None):
+        with pytest.raises(JournalError, match="unknown model 'ft:Base::ftjob-a'"):
+            resolve("ft:Base::ftjob-a", project)
+    assert resolve("operator-model", 2).model == "operator-model"  # an operator's model is everyone's

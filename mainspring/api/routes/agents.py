@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from mainspring.agents.journal import JournalError
+from mainspring.agents.runtime import AgentRuntime
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.tables import AgentRow, InterruptRow, RunRow, RUN_STATES
 from mainspring.api.errors import APIError
@@ -32,8 +33,11 @@ _CODES = {400: "invalid_value", 404: "not_found", 409: "invalid_state"}
 
 
 # ---- calling the runtime ---------------------------------------------------------------------------------
-def runtime(request: Request):
-    return request.app.state.agents
+def runtime(request: Request) -> AgentRuntime:
+    """The runtime as the caller's project sees it: every route reaches the agents only through this view."""
+    key = getattr(request.state, "principal", None)
+    rt = request.app.state.agents
+    return rt.scoped(key.project_id, key.id) if key is not None else rt.scoped(None)
 
 
 def api_error(exc: JournalError) -> APIError:
@@ -247,8 +251,11 @@ async def create_thread(request: Request, body: CreateThread | None = None) -> T
 # ---- runs ------------------------------------------------------------------------------------------------
 class Attachments(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    docs: str | None = Field(None, description="a folder on the server the search/files tools read")
-    db: str | None = Field(None, description="a SQLite database on the server the sql tool queries")
+    docs: str | list[str] | None = Field(
+        None, description="what the search tool reads: ids of files this project uploaded (/v1/files), or a "
+        "folder on the server under MAINSPRING_AGENT_ATTACH_ROOTS")
+    db: str | None = Field(None, description="the database the sql tool queries: the id of a file this project "
+                           "uploaded, or a SQLite/DuckDB file on the server under MAINSPRING_AGENT_ATTACH_ROOTS")
 
 
 class CreateRun(BaseModel):

@@ -7,7 +7,6 @@ The event stream is the journal's append-only event log: event ids only grow, so
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import AsyncIterator
@@ -23,7 +22,6 @@ from mainspring.api.sse import EventStreamResponse
 
 router = APIRouter()
 
-POLL_S = 0.2  # how often a stream looks for new events
 PING_S = 10.0  # an SSE comment when idle, so proxies keep the connection and a gone client is noticed
 PAGE = 500
 
@@ -61,11 +59,14 @@ def resume_point(last_event_id: str | None, after: int | None) -> int:
 
 async def follow(request: Request, run_id: str, after: int) -> AsyncIterator[str]:
     """Every event after `after`, then new ones as they are written, until the run has ended and its last
-    events are out. A run waiting for approval or paused has not ended: the stream stays open."""
+    events are out. A run waiting for approval or paused has not ended: the stream stays open. Between reads
+    the stream sleeps on the runtime's event bus, which wakes it when its run has new events: an idle
+    follower costs nothing (agents/event_bus.py)."""
     rt = runtime(request)
     cursor, last_sent = after, time.monotonic()
     yield "retry: 1000\n\n"
     while True:
+        horizon = rt.event_bus.horizon
         status = (await read(rt.run, run_id)).status  # read before the events: a final status implies its events
         batch = await read(rt.events, run_id, cursor, PAGE)
         for row in batch:
@@ -73,8 +74,8 @@ async def follow(request: Request, run_id: str, after: int) -> AsyncIterator[str
             yield sse(event_object(row))
         if batch:
             last_sent = time.monotonic()
-            if len(batch) == PAGE:
-                continue
+            if len(batch) == PAGE or status in TERMINAL:
+                continue  # more to read, or the run has ended: its last events may be out now
         elif status in TERMINAL:
             return
         if await request.is_disconnected():
@@ -82,7 +83,7 @@ async def follow(request: Request, run_id: str, after: int) -> AsyncIterator[str
         if time.monotonic() - last_sent >= PING_S:
             last_sent = time.monotonic()
             yield ": ping\n\n"
-        await asyncio.sleep(POLL_S)
+        await rt.event_bus.wait(run_id, horizon, timeout=max(0.0, PING_S - (time.monotonic() - last_sent)))
 
 
 @router.get("/v1/runs/{run_id}/events", response_model=None)
