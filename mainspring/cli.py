@@ -128,6 +128,21 @@ def _read_questions(interactive: bool):
         yield line.rstrip("\n")
 
 
+def _refuse_bad_database(settings) -> None:
+    """Exit 2 with one message, before any model loads, when the database cannot be served: a corrupt file
+    (`PRAGMA quick_check`) or one that cannot be opened."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from mainspring.store.db import DatabaseCorrupt, check_database, get_engine
+
+    try:
+        check_database(get_engine(settings.resolved_database_url()))
+    except DatabaseCorrupt as exc:
+        _fail(str(exc))
+    except SQLAlchemyError as exc:
+        _fail(f"cannot open the database {settings.resolved_database_url()}: {getattr(exc, 'orig', exc)}")
+
+
 @app.command()
 def serve(
     host: Optional[str] = typer.Option(None, help="bind address (default MAINSPRING_HOST, 127.0.0.1)"),
@@ -143,6 +158,7 @@ def serve(
     s = get_settings()
     if model:
         s = s.model_copy(update={"model": model})
+    _refuse_bad_database(s)
     try:
         uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
     except EngineError as exc:
@@ -170,6 +186,7 @@ def up(timeout: float = typer.Option(300, help="seconds to wait for the server t
     if _healthy(url):
         typer.echo(f"Mainspring is running at {url}")
         return
+    _refuse_bad_database(s)
     s.data_dir.mkdir(parents=True, exist_ok=True)
     log_path = s.data_dir / "server.log"
     with open(log_path, "ab") as log:

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from mainspring import __version__
+from mainspring.api.body_limit import BodyLimit
 from mainspring.api.economics import Economics
 from mainspring.api.errors import install_error_handlers
 from mainspring.api.finetuned import FineTunedModels
@@ -87,6 +88,8 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     app.state.fine_tuning = None  # the FineTuningRunner, from startup on
     app.state.started = time.time()
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=int(settings.max_request_mb * 2**20),
+                       upload_bytes=int(settings.max_upload_mb * 2**20))
     app.include_router(api_router())
 
     @app.get("/health")

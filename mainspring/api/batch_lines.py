@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mainspring.api.body_limit import lone_surrogate_path, surrogate_error
 from mainspring.api.routes import new_id
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -107,6 +108,10 @@ def _check_line(no: int, raw: str, endpoint: str, seen: set[str]) -> Line | dict
     if not isinstance(obj, dict):
         return error_record(no, None, "invalid_request", f"line {no} is not a JSON object")
     custom_id = obj.get("custom_id")
+    bad_text = lone_surrogate_path(obj) if "\\u" in raw else None  # "\ud800": no route or UTF-8 file takes it
+    if bad_text is not None:
+        return error_record(no, custom_id if bad_text != "custom_id" and isinstance(custom_id, str) else None,
+                            "invalid_unicode", f"line {no}: {surrogate_error(bad_text).message}")
     if not isinstance(custom_id, str) or not custom_id:
         return error_record(no, None, "missing_custom_id", f"line {no} has no custom_id (a non-empty string)")
     if custom_id in seen:  # the first line with an id runs; a later one would make the output ambiguous

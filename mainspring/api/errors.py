@@ -16,9 +16,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mainspring.engine.errors import EngineError, InvalidRequestError
+from mainspring.store.db import is_busy_error
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 4
 _OPENAI_TYPES = {401: "authentication_error", 402: "insufficient_quota", 403: "permission_error", 429: "rate_limit_error",
                  500: "server_error", 503: "server_error"}
 _PARAM_IN_MESSAGE = re.compile(r"invalid sampling parameter (\w+)=")
+BUSY_RETRY_AFTER_S = 2
 
 
 class APIError(Exception):
@@ -154,9 +157,33 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("engine error on %s: %s", request.url.path, exc)
         return error_response(request, APIError(500, f"the engine could not serve this request: {exc}"))
 
+    @app.exception_handler(OperationalError)
+    async def _database(request: Request, exc: OperationalError) -> JSONResponse:
+        if not is_busy_error(exc):
+            return await _unexpected(request, exc)
+        log.warning("database busy on %s %s: %s", request.method, request.url.path, exc.orig)
+        return error_response(request, busy_error())
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def _unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # Text that cannot be UTF-8 (a lone surrogate such as "\ud800") reached a codec below a route; the body
+        # check (api/body_limit.py) refuses most of it first. Any other encoding failure is ours: a 500.
+        if "surrogate" not in str(exc.reason):
+            return await _unexpected(request, exc)
+        log.info("undecodable text on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(request, APIError(400, "the request contains text that is not valid Unicode (a lone "
+                                                     "surrogate such as \\ud800?); send UTF-8 text",
+                                                code="invalid_unicode"))
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the server log only: it can reveal paths and internals.
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return error_response(request, APIError(500, "the server had an internal error while processing "
                                                      "your request; it has been logged"))
+
+
+def busy_error() -> APIError:
+    """503 + Retry-After: another process holds the database's write lock past the busy timeout."""
+    return APIError(503, "the database is busy (another process holds its write lock); retry shortly",
+                    code="database_busy", headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})

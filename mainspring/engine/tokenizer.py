@@ -32,6 +32,9 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# tokenizers' encode() holds the GIL throughout (about 1-4 s per MB of text), so no other thread, an event loop
+# included, runs meanwhile; encode_batch() releases it and gives the same ids. Longer texts take that path.
+GIL_FREE_CHARS = 1 << 14
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -218,6 +221,8 @@ class Tokenizer:
     # ---- text <-> ids -----------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; special-token markup in it (e.g. <|im_start|>) maps to its special id."""
+        if len(text) > GIL_FREE_CHARS:
+            return self._tk.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:

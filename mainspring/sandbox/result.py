@@ -19,7 +19,10 @@ class Result:
     peak_memory: int = 0  # bytes, from the memory cgroup; 0 (unknown) on hosts without one
     files: dict[str, bytes] = field(default_factory=dict)  # new or changed workspace files
     files_omitted: list[str] = field(default_factory=list)  # over the profile's collect_mb cap
-    limits_hit: list[str] = field(default_factory=list)  # limits that refused something: "pids", "file_size", …
+    files_escaped: list[str] = field(default_factory=list)  # names that were not UTF-8, returned with \xNN escapes
+    # limits that refused something: "pids", "file_size", …; "tree_depth" / "tree_entries": files deeper than
+    # sandbox.tree.MAX_DEPTH levels or past its MAX_ENTRIES entries were not read back
+    limits_hit: list[str] = field(default_factory=list)
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     profile: str = ""

@@ -229,11 +229,11 @@ class Sandbox:
         cpu_s = stats.cpu_s if stats and stats.cpu_s else exit.cpu_s
         # only a memory cgroup measures the job alone: rusage's max RSS counts the launcher's forked copy
         peak = stats.peak_memory if stats and cgroup.limits_memory else 0
-        files, omitted = workspace.collect(inputs, prof.collect_mb * MIB)
-        limits: list[str] = []
+        out = workspace.collect(inputs, prof.collect_mb * MIB)
+        limits: list[str] = list(out.limits)
         if stats and stats.pids_refused:
             limits.append("pids")
-        if code == -signal.SIGXFSZ or workspace.largest_file() >= prof.file_size_mb * MIB:
+        if code == -signal.SIGXFSZ or out.largest >= prof.file_size_mb * MIB:
             limits.append("file_size")
         killed_by = exit.reason
         if killed_by is None and stats and stats.oom_kills:
@@ -247,8 +247,8 @@ class Sandbox:
         return Result(
             exit_code=code, stdout=exit.stdout.data.decode(errors="replace"),
             stderr=exit.stderr.data.decode(errors="replace"), killed_by=killed_by, cpu_s=round(cpu_s, 4),
-            wall_s=round(exit.wall_s, 4), peak_memory=peak, files=files, files_omitted=omitted,
-            limits_hit=sorted(set(limits)), stdout_truncated=exit.stdout.truncated,
+            wall_s=round(exit.wall_s, 4), peak_memory=peak, files=out.files, files_omitted=out.omitted,
+            files_escaped=out.escaped, limits_hit=sorted(set(limits)), stdout_truncated=exit.stdout.truncated,
             stderr_truncated=exit.stderr.truncated, profile=prof.name, insecure=self.insecure,
         )
 

@@ -1,19 +1,20 @@
 """A job's workspace: a size-limited tmpfs owned by the job's uid; inputs copied in, results copied out.
 
 The launcher is root and the job is not, so everything read back is read without following links:
-a job that leaves `out.txt -> /etc/shadow` gets nothing of the host's.
+a job that leaves `out.txt -> /etc/shadow` gets nothing of the host's. The tree is walked by `tree.py`:
+iteratively, within depth and entry limits, with file names that are not UTF-8 escaped.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import stat
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Union
 
 from mainspring.sandbox.errors import SandboxError
+from mainspring.sandbox.tree import list_files, read_file, remove_tree
 
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
@@ -30,6 +31,17 @@ def safe_relpath(name: str) -> str:
     if path.is_absolute() or any(part in ("..", "") for part in path.parts) or path.parts[0] == ".":
         raise SandboxError(f"input file {name!r} must be a relative path inside the workspace")
     return str(path)
+
+
+@dataclass
+class Collected:
+    """What `Workspace.collect` read back."""
+
+    files: dict[str, bytes] = field(default_factory=dict)  # new or changed regular files
+    omitted: list[str] = field(default_factory=list)  # over the byte cap (or a second file of one escaped name)
+    escaped: list[str] = field(default_factory=list)  # names that were not UTF-8, as returned (\xNN escapes)
+    limits: list[str] = field(default_factory=list)  # "tree_depth", "tree_entries": the walk stopped there
+    largest: int = 0  # bytes of the largest regular file
 
 
 class Workspace:
@@ -81,52 +93,27 @@ class Workspace:
         if self.uid is not None:
             os.chown(path, self.uid, self.gid, follow_symlinks=False)
 
-    def collect(self, inputs: Mapping[str, bytes], cap_bytes: int) -> tuple[dict[str, bytes], list[str]]:
-        """New or changed regular files, smallest paths first, until the byte cap; the rest are named as omitted."""
-        found: dict[str, bytes] = {}
-        omitted: list[str] = []
+    def collect(self, inputs: Mapping[str, bytes], cap_bytes: int) -> Collected:
+        """New or changed regular files, in path order, until the byte cap; the rest are named as omitted."""
+        tree = list_files(self.path)
+        out = Collected(escaped=tree.escaped, largest=max((f.size for f in tree.files), default=0),
+                        limits=[name for name, hit in (("tree_depth", tree.too_deep), ("tree_entries", tree.too_many))
+                                if hit])
         total = 0
-        for rel in sorted(self._regular_files()):
-            content = _read_nofollow(self.path / rel)
-            if content is None or inputs.get(rel) == content:
+        for f in sorted(tree.files, key=lambda f: f.name):
+            content = read_file(self.path, f.parts)
+            if content is None or inputs.get(f.name) == content:
                 continue
-            if total + len(content) > cap_bytes:
-                omitted.append(rel)
+            if total + len(content) > cap_bytes or f.name in out.files:
+                out.omitted.append(f.name)
                 continue
-            found[rel] = content
+            out.files[f.name] = content
             total += len(content)
-        return found, omitted
-
-    def largest_file(self) -> int:
-        return max((os.lstat(self.path / rel).st_size for rel in self._regular_files()), default=0)
-
-    def _regular_files(self) -> list[str]:
-        files = []
-        for root, dirs, names in os.walk(self.path, followlinks=False):
-            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
-            for name in names:
-                full = os.path.join(root, name)
-                if stat.S_ISREG(os.lstat(full).st_mode):
-                    files.append(os.path.relpath(full, self.path))
-        return files
+        return out
 
     def destroy(self) -> None:
         if self.mounted:
             if _libc.umount2(str(self.path).encode(), MNT_DETACH) == 0:
                 self.mounted = False
         if not self.mounted:
-            shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _read_nofollow(path: Path) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    finally:
-        os.close(fd)
+            remove_tree(self.path)

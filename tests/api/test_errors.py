@@ -78,23 +78,28 @@ def test_prompt_over_the_context(oai):
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
 
 
-def test_max_tokens_beyond_the_context_is_clamped(oai, monkeypatch):
+def test_max_tokens_beyond_the_context_is_a_400(oai, monkeypatch):
     seen = []
 
     async def before_call(request, info):
         seen.append(info)
 
     monkeypatch.setattr(hooks, "before_call", before_call)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=10**6)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_tokens"
+    assert str(context_window(oai)) in e.value.message and not seen  # refused before admission
+    # without max_tokens the output may use what the prompt leaves of the context
     r = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is the capital of "
-                                    "France?"}], max_tokens=10**6, temperature=0)  # a short greedy answer
+                                    "France?"}], temperature=0)  # a short greedy answer
     (info,) = seen
     assert info.max_output_tokens == context_window(oai) - r.usage.prompt_tokens
 
 
-def test_completions_echo_is_rejected(oai):
+def test_completions_suffix_is_rejected(oai):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.completions.create(model="smollm2", prompt="x", echo=True)
-    assert e.value.param == "echo"
+        oai.completions.create(model="smollm2", prompt="x", suffix="y")
+    assert e.value.param == "suffix"
 
 
 def test_unknown_url_and_method(server):

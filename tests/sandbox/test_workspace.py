@@ -26,8 +26,8 @@ def test_collect_skips_links_unchanged_inputs_and_special_files(tmp_path):
     os.mkfifo(ws.path / "fifo")
     (ws.path / "sub").mkdir()
     (ws.path / "sub" / "new.bin").write_bytes(b"\x00\x01")
-    files, omitted = ws.collect(inputs, cap_bytes=1 << 20)
-    assert files == {"edit.txt": b"after", "sub/new.bin": b"\x00\x01"} and omitted == []
+    got = ws.collect(inputs, cap_bytes=1 << 20)
+    assert got.files == {"edit.txt": b"after", "sub/new.bin": b"\x00\x01"} and got.omitted == []
     ws.destroy()
     assert not (tmp_path / "ws").exists()
 

@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mainspring.store.db import is_platform_db
+
 CHUNK_CHARS = 800  # ~150-200 word pieces: inside MiniLM's 256-token window, small enough to cite precisely
 OVERLAP_CHARS = 160  # a fact cut by one window boundary is whole in the next window
 MAX_FILE_BYTES = 2 << 20
@@ -73,6 +75,9 @@ def read_documents(folder: Path) -> tuple[dict[str, tuple[int, int]], list[str]]
             full = Path(root) / name
             rel = full.relative_to(folder).as_posix()
             if name.startswith(".") or full.is_symlink() or not full.is_file():
+                continue
+            if is_platform_db(full):  # never open()ed: that would drop this process's SQLite locks on it
+                skipped.append(f"{rel} (the platform's own database)")
                 continue
             info = full.stat()
             if info.st_size > MAX_FILE_BYTES:

@@ -5,6 +5,10 @@ opened for writing), `PRAGMA query_only` (no statement may write), and an author
 so neither `ATTACH` (which could create a file elsewhere) nor a `PRAGMA` that undoes `query_only` gets through.
 DuckDB (a `.duckdb` file, with the optional `duckdb` package) is opened `read_only` with external access off and
 the configuration locked, so `COPY ... TO`, `read_csv('/etc/...')`, `ATTACH` and `INSTALL` are refused.
+
+The attached file is never open()ed by Python: closing any descriptor of a file drops all of this process's POSIX
+locks on it, SQLite's included, so a header check by open() once let another process delete the live server's WAL.
+SQLite itself tells a non-database apart (SQLITE_NOTADB), and the platform's own database files are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pydantic_core import to_jsonable_python
 from mainspring.agents.tools.base import ToolContext, ToolError, ToolResult
 from mainspring.agents.tools.decorator import FunctionTool, tool
 from mainspring.config import Settings
+from mainspring.store.db import is_platform_db
 
 MAX_ROWS = 200
 QUERY_TIMEOUT_S = 30.0
@@ -49,7 +54,7 @@ def sql_tool(settings: Settings | None = None) -> FunctionTool:
             query: a single SQL statement
             max_rows: the most rows to return; more are cut with a note
         """
-        path = _database_path(ctx)
+        path = _database_path(ctx, settings if isinstance(settings, Settings) else None)
         deadline = time.monotonic() + timeout_s
         if path.suffix.lower() in DUCKDB_SUFFIXES:
             columns, rows, more = _duckdb_query(path, query, max_rows, deadline, ctx.cancel)
@@ -60,11 +65,14 @@ def sql_tool(settings: Settings | None = None) -> FunctionTool:
     return sql
 
 
-def _database_path(ctx: ToolContext) -> Path:
+def _database_path(ctx: ToolContext, settings: Settings | None) -> Path:
     attached = ctx.attachments.get("db")
     if not attached:
         raise ToolError("no database is attached to this run (attachment 'db')")
     path = Path(attached)
+    if is_platform_db(path, settings):  # before anything else touches it
+        raise ToolError(f"the attached database {path.name!r} is the platform's own database, which the sql tool "
+                        "may not read")
     if not path.is_file():
         raise ToolError(f"the attached database {path.name!r} does not exist")
     return path
@@ -73,10 +81,12 @@ def _database_path(ctx: ToolContext) -> Path:
 # ---- SQLite ----------------------------------------------------------------------------------------------------
 def _sqlite_query(path: Path, query: str, max_rows: int, deadline: float,
                   cancel: threading.Event) -> tuple[list[str], list[tuple], bool]:
-    with path.open("rb") as f:
-        if f.read(16) != b"SQLite format 3\x00" and path.stat().st_size > 0:
-            raise ToolError(f"{path.name} is not a SQLite database (DuckDB files must end in .duckdb)")
-    conn = connect_sqlite_readonly(path)
+    try:
+        conn = connect_sqlite_readonly(path)
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            raise ToolError(f"{path.name} is not a SQLite database (DuckDB files must end in .duckdb)") from exc
+        raise ToolError(f"cannot open {path.name}: {exc}") from exc
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline or cancel.is_set()), 10_000)
     try:
         cursor = conn.execute(query)
@@ -94,6 +104,11 @@ def _sqlite_query(path: Path, query: str, max_rows: int, deadline: float,
 def connect_sqlite_readonly(path: Path) -> sqlite3.Connection:
     """A connection that cannot change `path` or any other file."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()  # reads the header: SQLITE_NOTADB for other files
+    except sqlite3.Error:
+        conn.close()
+        raise
     conn.execute("PRAGMA query_only = 1")
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     conn.set_authorizer(_sqlite_authorizer)  # after our own PRAGMA, which it would refuse
