@@ -142,6 +142,10 @@ class EmbeddingModel:
         # overrides both (truncate at max_seq_length, pad to the batch's longest), so we do too.
         self.tokenizer.enable_truncation(max_length=max_seq_length)
         self.tokenizer.enable_padding(pad_id=encoder.config.pad_token_id, pad_token="[PAD]")
+        # the same tokenizer, uncut: how long an input really is (the HTTP route refuses to cut silently)
+        self._uncut = Tokenizer.from_str(self.tokenizer.to_str())
+        self._uncut.no_truncation()
+        self._uncut.no_padding()
         # Requests may embed from several threads; one at a time keeps torch from oversubscribing cores.
         self._lock = threading.Lock()
 
@@ -176,8 +180,10 @@ class EmbeddingModel:
     # -- tokens ---------------------------------------------------------------------------------
     def _encode(self, texts: Sequence[str]) -> list[list[int]]:
         self._check(texts)
+        with self._lock:  # embed() may be cutting shorter for a moment
+            encoded = self.tokenizer.encode_batch(list(texts))
         # encode_batch pads to the longest; the attention mask says how many ids are real.
-        return [enc.ids[: sum(enc.attention_mask)] for enc in self.tokenizer.encode_batch(list(texts))]
+        return [enc.ids[: sum(enc.attention_mask)] for enc in encoded]
 
     def token_counts(self, texts: Sequence[str]) -> list[int]:
         """Word pieces the model sees per text, [CLS] and [SEP] included, after truncation."""
@@ -185,6 +191,11 @@ class EmbeddingModel:
 
     def count_tokens(self, texts: Sequence[str]) -> int:
         return sum(self.token_counts(texts))
+
+    def full_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Word pieces per text before truncation, [CLS] and [SEP] included."""
+        self._check(texts)
+        return [len(enc.ids) for enc in self._uncut.encode_batch(list(texts))]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -194,21 +205,29 @@ class EmbeddingModel:
         return self.tokenizer.get_vocab_size()
 
     # -- vectors --------------------------------------------------------------------------------
-    def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """Embeddings for `texts` in order, [n, dim] float32 (unit length, as the model is used)."""
+    def embed(self, texts: Sequence[str], max_length: int | None = None) -> torch.Tensor:
+        """Embeddings for `texts` in order, [n, dim] float32 (unit length, as the model is used);
+        each text is cut to `max_length` word pieces (at most, and by default, max_seq_length)."""
         self._check(texts)
         if not texts:
             return torch.empty(0, self.dim)
         # Sort by length so each chunk pads to a similar length (less wasted compute), then unsort.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty(len(texts), self.dim)
+        cut = min(max_length or self.max_seq_length, self.max_seq_length)
         with self._lock, torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                idx = order[start:start + self.batch_size]
-                chunk = self.tokenizer.encode_batch([texts[i] for i in idx])
-                ids = torch.tensor([e.ids for e in chunk])
-                mask = torch.tensor([e.attention_mask for e in chunk])
-                out[idx] = self._pool(self.encoder(ids, mask), mask)
+            if cut != self.max_seq_length:  # under the lock: no other call sees the shorter cut
+                self.tokenizer.enable_truncation(max_length=cut)
+            try:
+                for start in range(0, len(order), self.batch_size):
+                    idx = order[start:start + self.batch_size]
+                    chunk = self.tokenizer.encode_batch([texts[i] for i in idx])
+                    ids = torch.tensor([e.ids for e in chunk])
+                    mask = torch.tensor([e.attention_mask for e in chunk])
+                    out[idx] = self._pool(self.encoder(ids, mask), mask)
+            finally:
+                if cut != self.max_seq_length:
+                    self.tokenizer.enable_truncation(max_length=self.max_seq_length)
         return out
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import httpx
 
 from mainspring.tool_calls import call_items
 from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.json_schema import prepare_schema
 from mainspring.engine.outputs import Usage
 from mainspring.engine.params import SamplingParams
 
@@ -131,10 +132,15 @@ def _closed(params: dict | None) -> dict:
 
 
 def tool_call_schema(functions: list[dict]) -> dict:
-    """JSON schema of one call {"name": ..., "arguments": {...}} to any of `functions`."""
+    """JSON schema of one call {"name": ..., "arguments": {...}} to any of `functions`; each one's
+    parameters move under /properties/arguments, so their local $refs are rebased there."""
+    def at(i: int) -> str:
+        return ("" if len(functions) == 1 else f"/anyOf/{i}") + "/properties/arguments"
+
     options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": f["name"]}, "arguments": _closed(f.get("parameters"))}}
-               for f in functions]
+                "properties": {"name": {"const": f["name"]},
+                               "arguments": prepare_schema(_closed(f.get("parameters")), at=at(i))}}
+               for i, f in enumerate(functions)]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 

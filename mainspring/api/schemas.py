@@ -84,7 +84,7 @@ class SamplingFields(BaseModel):
     model_config = _LENIENT
     model: str
     n: int = Field(1, ge=1, le=128)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # OpenAI's seeds are int64
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -104,6 +104,12 @@ class SamplingFields(BaseModel):
     attention_sinks: int | None = Field(None, ge=0)
     kv_hot_tokens: int | None = Field(None, ge=0)
     kv_snap_tokens: int | None = Field(None, ge=0)
+    # vLLM's constrained decoding (routes.vllm_guided); guided_grammar is Lark, as the engine takes it
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -124,7 +130,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this endpoint
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for this endpoint; 0 with echo scores a prompt
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -230,8 +236,8 @@ class ChatCompletionChunk(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None for an echoed prompt's first token (nothing precedes it)
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -280,21 +286,46 @@ class AnthropicTool(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
-class MessagesRequest(BaseModel):
+class JsonOutputFormat(BaseModel):
+    model_config = _LENIENT
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = _LENIENT
+    format: JsonOutputFormat | None = None
+    effort: str | None = None  # a reasoning-effort hint: this model does not reason, so nothing to spend
+
+
+class MessagesPrompt(BaseModel):
+    """What makes the prompt of a /v1/messages call: all that /v1/messages/count_tokens takes."""
+
     model_config = _LENIENT
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[ContentBlockIn] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    # structured outputs: output_config.format, or the beta's older top-level output_format
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None
+    speed: Literal["standard", "fast"] | None = None
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        fmt = (self.output_config.format if self.output_config else None) or self.output_format
+        return fmt.schema_ if fmt is not None else None
+
+
+class MessagesRequest(MessagesPrompt):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     temperature: float = Field(1.0, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
-    tools: list[AnthropicTool] | None = None
-    tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
-    speed: Literal["standard", "fast"] | None = None
 
 
 class AnthropicUsage(BaseModel):

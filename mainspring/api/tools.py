@@ -20,13 +20,18 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import from_json
+
 from mainspring.api.errors import bad_request
+from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.json_schema import prepare_schema
 from mainspring.tool_calls import call_items
 
 _ALPHABET = string.ascii_letters + string.digits
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_ARGUMENTS_KEY = re.compile(r'"arguments"\s*:\s*')
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,14 @@ class ParsedCall:
     name: str
     arguments: dict[str, Any]
     id: str = ""
+    # a forced call that max_tokens cut off: its arguments JSON text as far as the model wrote it
+    # (`arguments` is then what of it parses); the answer's finish reason stays "length"
+    partial: str | None = None
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as OpenAI sends them: a JSON document as a string (the cut text if partial)."""
+        return self.partial if self.partial is not None else json.dumps(self.arguments, ensure_ascii=False)
 
 
 def new_call_id(prefix: str = "call_") -> str:
@@ -162,24 +175,48 @@ def template_messages(messages: list[dict[str, Any]], tools: list[ToolSpec], cho
     return out, None
 
 
-def _closed(schema: dict[str, Any]) -> dict[str, Any]:
-    """An object schema that lists its properties but says nothing of others gets additionalProperties
-    false (what OpenAI's strict mode requires): otherwise the grammar lets a small model invent keys
-    until max_tokens runs out."""
-    if "properties" in schema and "additionalProperties" not in schema:
-        return {**schema, "additionalProperties": False}
-    return schema
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def _closed(schema: Any) -> Any:
+    """Every object schema that lists its properties but says nothing of others, nested ones and
+    $defs included, gets additionalProperties false (what OpenAI's strict mode requires): otherwise
+    the grammar lets a small model invent keys until max_tokens runs out."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def call_schema(tools: list[ToolSpec], choice: ToolChoice) -> dict[str, Any]:
-    """The JSON schema a forced call must match: one tool's name with that tool's own arguments."""
+    """The JSON schema a forced call must match: one tool's name with that tool's own arguments.
+
+    Each tool's parameters move under /properties/arguments of the wrapper, so their local $refs
+    (Pydantic's "#/$defs/Model") are rebased there by `prepare_schema`."""
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
 
-    def one(t: ToolSpec) -> dict[str, Any]:
-        return {"type": "object", "properties": {"name": {"const": t.name}, "arguments": _closed(t.parameters)},
+    def one(t: ToolSpec, at: str) -> dict[str, Any]:
+        try:
+            arguments = prepare_schema(_closed(t.parameters), at=f"{at}/properties/arguments")
+        except InvalidRequestError as e:
+            raise bad_request(f"tool {t.name!r}: {e}", param="tools") from None
+        return {"type": "object", "properties": {"name": {"const": t.name}, "arguments": arguments},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
-    return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(t) for t in chosen]}
+    return one(chosen[0], "") if len(chosen) == 1 else {"anyOf": [one(t, f"/anyOf/{i}") for i, t in enumerate(chosen)]}
 
 
 # ---- parsing ---------------------------------------------------------------------------------------
@@ -211,6 +248,36 @@ def parse_tool_calls(text: str, tools: list[ToolSpec], prefix: str = "call_") ->
     return text, []
 
 
+def cut_call(text: str, tools: list[ToolSpec], choice: ToolChoice, prefix: str = "call_") -> ParsedCall:
+    """The forced call in `text` that max_tokens cut off, as a partial call: the constrained output is
+    a prefix of {"name": <tool>, "arguments": {...}}, so the name is known (or its unique completion,
+    else the first tool it can still be) and the arguments are the JSON written so far."""
+    allowed = [t.name for t in tools if choice.mode != "named" or t.name == choice.name]
+    try:
+        obj = from_json(text, allow_partial="trailing-strings")
+    except ValueError:  # nothing written yet
+        obj = None
+    obj = obj if isinstance(obj, dict) else {}
+    so_far = obj.get("name") if isinstance(obj.get("name"), str) else ""
+    names = [n for n in allowed if n == so_far] or [n for n in allowed if n.startswith(so_far)] or allowed
+    key = _ARGUMENTS_KEY.search(text)  # tool names cannot contain quotes: the first match is the key
+    arguments = obj.get("arguments")
+    return ParsedCall(names[0], arguments if isinstance(arguments, dict) else {}, new_call_id(prefix),
+                      partial=text[key.end():].rstrip() if key else "")
+
+
+def parse_answer(text: str, tools: list[ToolSpec], choice: ToolChoice, finish_reason: str | None,
+                 prefix: str = "call_") -> tuple[str | None, list[ParsedCall]]:
+    """(content, calls) of a finished answer under `choice`: tool_choice "none" parses nothing, and
+    a forced call cut off by max_tokens is a partial call rather than JSON leaked into the content."""
+    if choice.mode == "none":
+        return text, []
+    content, calls = parse_tool_calls(text, tools, prefix)
+    if not calls and choice.forced and finish_reason == "length":
+        return None, [cut_call(text, tools, choice, prefix)]
+    return content, calls
+
+
 class ToolCallStream:
     """Streams content through until the output may be a tool call; that part is parsed at the end.
 
@@ -219,8 +286,9 @@ class ToolCallStream:
     that tag. With `hold_all` (a forced call) nothing is streamed as content.
     """
 
-    def __init__(self, tools: list[ToolSpec], hold_all: bool = False, prefix: str = "call_") -> None:
-        self.tools, self.prefix = tools, prefix
+    def __init__(self, tools: list[ToolSpec], hold_all: bool = False, prefix: str = "call_",
+                 choice: ToolChoice | None = None) -> None:
+        self.tools, self.prefix, self.choice = tools, prefix, choice
         self.text, self.sent, self.holding = "", 0, hold_all
 
     def feed(self, delta: str) -> str:
@@ -241,10 +309,14 @@ class ToolCallStream:
         out, self.sent = self.text[self.sent:end], max(self.sent, end)
         return out
 
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        """(content not yet streamed, parsed calls)."""
+    def finish(self, finish_reason: str | None = None) -> tuple[str, list[ParsedCall]]:
+        """(content not yet streamed, parsed calls); with the stream's `choice`, a forced call cut
+        off by max_tokens (finish_reason "length") is a partial call (see `parse_answer`)."""
         rest = self.text[self.sent:]
-        content, calls = parse_tool_calls(rest, self.tools, self.prefix)
+        if self.choice is not None:
+            content, calls = parse_answer(rest, self.tools, self.choice, finish_reason, self.prefix)
+        else:
+            content, calls = parse_tool_calls(rest, self.tools, self.prefix)
         if calls:
             return content or "", calls
         return rest, []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence as Seq
@@ -24,8 +25,8 @@ from mainspring.engine.model import CausalLM
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
 from mainspring.engine.params import SamplingParams
-from mainspring.engine.sampler import Sampler
-from mainspring.engine.scheduler import Scheduler
+from mainspring.engine.sampler import Sampler, score_tokens
+from mainspring.engine.scheduler import ScheduledSeq, Scheduler
 from mainspring.engine.sequence import Sequence, SequenceStatus
 from mainspring.engine.quant_cache import quantize_for_engine
 from mainspring.engine.speculative import SpeculativeConfig, SpeculativeDecoder
@@ -40,6 +41,7 @@ class _Request:
     seq: Sequence
     detok: IncrementalDetokenizer
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # position 0 has none (nothing before it)
     stop_reason: str | int | None = None
     matcher: GrammarMatcher | None = None  # guided decoding; dropped with the request
 
@@ -150,8 +152,16 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty: give at least one token")
-        if any(not 0 <= t < self.model_config.vocab_size for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        bad_bias = [t for t in params.logit_bias or () if t >= vocab]
+        if bad_bias:
+            raise InvalidRequestError(f"invalid sampling parameter logit_bias={bad_bias[0]}: token ids must be in "
+                                      f"[0, {vocab}) for this model's vocabulary")
+        if params.prompt_logprobs is not None:
+            # a prefix-cache hit would skip computing those tokens, and with them their logits
+            cache_salt = f"{cache_salt or ''}\x00prompt-logprobs-{uuid.uuid4().hex}"
         policy = request_policy(self.kv_policy, params.attention_window, params.attention_sinks,
                                 params.kv_hot_tokens, self.runner.cold_store is not None, self.config.block_size,
                                 params.kv_snap_tokens)
@@ -175,8 +185,9 @@ class LLMEngine:
         if self.spec is not None and policy is None and self.spec.supports(params):
             seq.num_lookahead_tokens = self.spec.k
         self.scheduler.add(seq)
-        self._requests[request_id] = _Request(seq, IncrementalDetokenizer(self.tokenizer, ids, params),
-                                              [] if params.logprobs is not None else None, matcher=matcher)
+        self._requests[request_id] = _Request(
+            seq, IncrementalDetokenizer(self.tokenizer, ids, params), [] if params.logprobs is not None else None,
+            [None] * len(ids) if params.prompt_logprobs is not None else None, matcher=matcher)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -203,7 +214,10 @@ class LLMEngine:
             return ended
         if self.spec is not None and self.scheduler.num_lookahead_tokens:
             self.spec.propose(sched.scheduled, self.max_model_len)
-        logits, seqs = self.runner.execute(sched.scheduled)
+        prompt_hidden: dict[int, tuple[int, torch.Tensor]] = {}
+        logits, seqs = self.runner.execute(sched.scheduled, prompt_hidden)
+        if prompt_hidden:
+            self._score_prompts(sched.scheduled, prompt_hidden)
         if self.spec is not None and any(s.spec_token_ids for s in seqs):
             new_tokens, raw_lps = self.spec.sample(logits, seqs, self._masks)
         else:
@@ -224,6 +238,26 @@ class LLMEngine:
             outputs.append(self._advance(req, tokens, lps))
         return outputs
 
+    _SCORE_ROWS = 128  # prompt rows per LM-head slice: 128 x 49,152 fp32 logits are 25 MB
+
+    @torch.inference_mode()
+    def _score_prompts(self, scheduled: list[ScheduledSeq], prompt_hidden: dict[int, tuple[int, torch.Tensor]]
+                       ) -> None:
+        """prompt_logprobs: the logprob of each prompt token this step computed, given those before it.
+        A recompute after preemption scores the same positions again, with the same values."""
+        for s in scheduled:
+            entry = prompt_hidden.get(s.seq.seq_id)
+            req = self._requests.get(s.seq.request_id)
+            if entry is None or req is None or req.prompt_logprobs is None:
+                continue
+            start, hidden = entry
+            prompt, k = s.seq.prompt_token_ids, s.seq.params.prompt_logprobs or 0
+            for a in range(0, hidden.shape[0], self._SCORE_ROWS):
+                rows = hidden[a:a + self._SCORE_ROWS]
+                targets = prompt[start + a + 1:start + a + 1 + rows.shape[0]]
+                for j, raw in enumerate(score_tokens(self.model.compute_logits(rows), targets, [k] * len(targets))):
+                    req.prompt_logprobs[start + a + 1 + j] = self._token_logprob(targets[j], raw)
+
     def _masks(self, seqs: list[Sequence]) -> dict[int, GrammarMatcher] | None:
         if self._grammar is None:  # no guided request ever: no per-step work
             return None
@@ -238,6 +272,8 @@ class LLMEngine:
         seq, p = req.seq, req.seq.params
         first_out = seq.num_output_tokens - len(tokens)  # output tokens before this step
         delta, reason, stop, kept = "", None, None, 0
+        if p.max_tokens == 0:  # scoring the prompt only: the token sampled after it is dropped
+            tokens, lps, reason = [], [], "length"
         for token, lp in zip(tokens, lps):
             kept += 1
             n_out = first_out + kept
@@ -295,6 +331,7 @@ class LLMEngine:
             delta_token_ids=delta_ids,
             delta_text=delta_text,
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
+            prompt_logprobs=list(req.prompt_logprobs) if req.prompt_logprobs is not None else None,
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             stop_reason=req.stop_reason if finished else None,

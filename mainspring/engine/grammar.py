@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.json_schema import prepare_schema
 from mainspring.engine.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def grammar_key(params: SamplingParams) -> tuple[str, str] | None:
                 raise InvalidRequestError(f"invalid guided_json: not valid JSON ({e})") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequestError("invalid guided_json: a JSON schema must be an object")
+        schema = prepare_schema(schema)
         # Not sort_keys: properties are generated in the schema's order, so order is part of the key.
         return "json", json.dumps(schema)
     if params.guided_json_object:

@@ -12,6 +12,15 @@ from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
 
 
+def _offsets(start: int, chunks: list[ScheduledSeq]) -> list[int]:
+    """The first row of each chunk in the flat batch (chunks follow the decode rows)."""
+    out = []
+    for s in chunks:
+        out.append(start)
+        start += s.num_tokens
+    return out
+
+
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
     c = model.config
     return c.num_hidden_layers * 2 * block_size * c.num_key_value_heads * c.head_dim * 4
@@ -80,11 +89,15 @@ class ModelRunner:
         self.model.compute_logits(self.model(torch.tensor([0]), torch.tensor([0]), self.kv_cache, meta))
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, list[Sequence]]:
+    def execute(self, scheduled: list[ScheduledSeq], prompt_hidden: dict[int, tuple[int, torch.Tensor]] | None = None
+                ) -> tuple[torch.Tensor, list[Sequence]]:
         """Runs the step; returns logits of the sequences that sample, and those sequences.
 
         A sequence verifying draft tokens (speculative decoding) is a prefill chunk of its last
-        token + drafts, causal over its context, and gets 1 + num_spec_tokens consecutive rows."""
+        token + drafts, causal over its context, and gets 1 + num_spec_tokens consecutive rows.
+        `prompt_hidden`, when given, gets seq_id -> (first position, hidden states) of the prompt
+        tokens this step computed for each sequence that asks for prompt_logprobs: the LM head runs
+        on those rows later, in slices, so a long chunk never makes one [tokens, vocab] tensor."""
         hidden, decodes, chunks = self._forward(scheduled)
         rows, sampling = [], []
         for i, s in enumerate(decodes):
@@ -97,6 +110,13 @@ class ModelRunner:
             if s.samples:
                 rows.extend(range(offset - 1 - s.num_spec_tokens, offset))
                 sampling.append(s.seq)
+        if prompt_hidden is not None:
+            starts = list(range(len(decodes))) + _offsets(len(decodes), chunks)
+            for first_row, s in zip(starts, decodes + chunks):
+                # position p's logits score prompt token p + 1: the last prompt token scores nothing
+                n = min(s.start + s.num_tokens, s.seq.num_prompt_tokens - 1) - s.start
+                if s.seq.params.prompt_logprobs is not None and n > 0:
+                    prompt_hidden[s.seq.seq_id] = (s.start, hidden[first_row:first_row + n])
         if not rows:
             return torch.empty(0, self.model.config.vocab_size), []
         # the LM head is a fifth of the weights: only rows that sample need it

@@ -46,6 +46,8 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     delta_text: str = ""
     logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs: one per prompt token, None for the first (nothing precedes it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None  # the stop string or token id that ended it

@@ -1,5 +1,6 @@
-"""Turns one decode step's logits into next tokens, per request: penalties, min_tokens, greedy or
-temperature + top-k/top-p/min-p sampling, per-request seeds, and logprobs of the raw distribution.
+"""Turns one decode step's logits into next tokens, per request: penalties, logit_bias, min_tokens,
+greedy or temperature + top-k/top-p/min-p sampling, per-request seeds, and logprobs of the raw
+distribution.
 
 Everything is vectorized over the batch; work that only some rows need (penalties, filters, seeded
 noise, logprobs) runs on the sub-batch of those rows, so an all-greedy or all-default batch costs a
@@ -95,14 +96,16 @@ class Sampler:
         return SamplerOutput(token_ids, _logprobs(raw, token_ids, params))
 
     def apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
-        """Steps 1-2 as fp32 logits: repetition / presence / frequency penalties, then EOS and
-        stop_token_ids masked (-inf) for rows still below min_tokens. Never edits `logits` itself."""
+        """Steps 1-2 as fp32 logits: repetition / presence / frequency penalties and logit_bias, then
+        EOS and stop_token_ids masked (-inf) for rows still below min_tokens. Never edits `logits`
+        itself."""
         params = [s.params for s in seqs]
         logits = logits.float()
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
         min_tok_rows = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
-        if not (rep_rows or pf_rows or min_tok_rows):
+        bias_rows = [i for i, p in enumerate(params) if p.logit_bias]
+        if not (rep_rows or pf_rows or bias_rows or min_tok_rows):
             return logits
         # A contiguous copy: the caller's tensor keeps the raw logits (logprobs need them), and the
         # penalty helpers edit it through x.view(-1).
@@ -120,6 +123,8 @@ class Sampler:
             pres = [float(params[r].presence_penalty) for r in pf_rows]
             freq = [float(params[r].frequency_penalty) for r in pf_rows]
             _apply_presence_frequency(logits, pf_rows, outputs, pres, freq)
+        if bias_rows:
+            _apply_logit_bias(logits, [(r, params[r].logit_bias) for r in bias_rows])  # type: ignore[misc]
         if min_tok_rows:
             self._mask_stop_tokens(logits, min_tok_rows, params)
         return logits
@@ -295,6 +300,16 @@ def _apply_presence_frequency(
     flat_x.scatter_add_(0, pos, -torch.tensor(freq, device=x.device)[j])
 
 
+def _apply_logit_bias(x: torch.Tensor, rows: list[tuple[int, dict[int, float]]]) -> None:
+    # OpenAI: the bias is added to the logit; a token the grammar masked stays at -inf whatever its
+    # bias. Keys are unique per row, so one indexed add touches each (row, token) once.
+    r_idx = [r for r, bias in rows for _ in bias]
+    t_idx = [t for _, bias in rows for t in bias]
+    vals = [float(v) for _, bias in rows for v in bias.values()]
+    dev = x.device
+    x[_index(r_idx, dev), _index(t_idx, dev)] += torch.tensor(vals, device=dev, dtype=x.dtype)
+
+
 def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
     """top-k, then top-p, then min-p, on temperature-scaled logits x [rows, V], in place.
 
@@ -396,17 +411,23 @@ def _logprobs(
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return out
-    dev = raw.device
-    lp = torch.log_softmax(raw[_index(rows, dev)].float(), dim=-1)
-    chosen_ids = torch.tensor([token_ids[r] for r in rows], device=dev)
-    chosen = lp.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
-    k = min(max(params[r].logprobs or 0 for r in rows), lp.shape[1])
-    top_vals: list[list[float]] = [[] for _ in rows]
-    top_ids: list[list[int]] = [[] for _ in rows]
+    scored = score_tokens(raw[_index(rows, raw.device)], [token_ids[r] for r in rows],
+                          [params[r].logprobs or 0 for r in rows])
+    for r, lp in zip(rows, scored):
+        out[r] = lp
+    return out
+
+
+def score_tokens(logits: torch.Tensor, token_ids: list[int], ks: list[int]) -> list[SampleLogprobs]:
+    """Row i's log-probability of token_ids[i] under log_softmax(logits[i]), with its ks[i] likeliest
+    tokens (also what prompt_logprobs reports for the prompt's tokens)."""
+    dev = logits.device
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(token_ids, device=dev).unsqueeze(1)).squeeze(1).tolist()
+    k = min(max(ks, default=0), lp.shape[1])
+    top_vals: list[list[float]] = [[] for _ in ks]
+    top_ids: list[list[int]] = [[] for _ in ks]
     if k > 0:
         top = lp.topk(k, dim=-1)  # sorted, likeliest first
         top_vals, top_ids = top.values.tolist(), top.indices.tolist()
-    for j, r in enumerate(rows):
-        kr = params[r].logprobs or 0
-        out[r] = SampleLogprobs(chosen[j], list(zip(top_ids[j][:kr], top_vals[j][:kr])))
-    return out
+    return [SampleLogprobs(chosen[j], list(zip(top_ids[j][:kr], top_vals[j][:kr]))) for j, kr in enumerate(ks)]

@@ -272,8 +272,9 @@ class SpeculativeDecoder:
 
     @staticmethod
     def supports(params: SamplingParams) -> bool:
-        # a grammar's mask depends on the tokens before it: it would have to be advanced per draft
-        return not params.guided
+        # a grammar's mask depends on the tokens before it: it would have to be advanced per draft;
+        # a prompt-scoring request (prompt_logprobs, maybe max_tokens 0) has nothing worth drafting
+        return not params.guided and params.prompt_logprobs is None
 
     @property
     def acceptance_rate(self) -> float:

@@ -268,3 +268,25 @@ class FineTuningCheckpointRow(Base):
 
 # The agent runtime's tables live with the runtime but share this metadata (one schema, one migration chain).
 from mainspring.agents import tables as _agent_tables  # noqa: E402,F401
+
+
+class ResponseRow(Base):
+    """A stored response of the Responses API (POST /v1/responses with store, OpenAI's default). It belongs to
+    the project of the key that created it (anonymous callers: project None). `input_json` holds every input
+    item the model saw, earlier turns of a previous_response_id chain included, so a response can be continued
+    even after its predecessors are deleted. previous_response_id is no foreign key for that reason."""
+
+    __tablename__ = "responses"
+    __table_args__ = (Index("ix_responses_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "resp_<hex>"
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    model: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(24))  # completed | incomplete
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    request_json: Mapped[str] = mapped_column(Text)  # the response object's echo of the request (tools, text, ...)
+    input_json: Mapped[str] = mapped_column(Text)  # input items, with ids
+    output_json: Mapped[str] = mapped_column(Text)  # output items
+    usage_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -107,3 +107,33 @@ def test_too_many_inputs_is_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(input=["x"] * 2049, model="all-MiniLM-L6-v2", encoding_format="float")
     assert "2048" in e.value.response.text  # FastAPI detail now, an OpenAI error body once errors.py is wired
+
+
+LONG = "alpha beta gamma delta " * 100  # 400 words: far more than 256 word pieces
+
+
+@pytest.mark.slow
+def test_long_input_is_a_400_naming_the_limit(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(input=["short", LONG], model="all-MiniLM-L6-v2")
+    assert "input[1]" in e.value.response.text and "256" in e.value.response.text
+    assert "truncate_prompt_tokens" in e.value.response.text
+
+
+@pytest.mark.slow
+def test_truncate_prompt_tokens(client, embed_server):
+    r = client.embeddings.create(input=["short", LONG], model="all-MiniLM-L6-v2", encoding_format="float",
+                                 extra_body={"truncate_prompt_tokens": -1})
+    embedder = embed_server[0].state.embedder
+    assert r.usage.prompt_tokens == 3 + 256  # [CLS] short [SEP], and the long one cut at the model's limit
+    np.testing.assert_allclose(r.data[1].embedding, embedder.embed([LONG])[0].numpy(), atol=1e-6)
+    cut = client.embeddings.create(input=LONG, model="all-MiniLM-L6-v2", encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 10})
+    assert cut.usage.prompt_tokens == 10
+    first_words = " ".join(LONG.split()[:8])  # 8 single-piece words + [CLS] + [SEP]
+    np.testing.assert_allclose(cut.data[0].embedding, embedder.embed([first_words])[0].numpy(), atol=1e-5)
+    # the temporary cut never leaks into later calls
+    assert embedder.count_tokens([LONG]) == 256
+    for bad in (0, 257, -2, "all"):
+        with pytest.raises(openai.BadRequestError):
+            client.embeddings.create(input=LONG, model="all-MiniLM-L6-v2", extra_body={"truncate_prompt_tokens": bad})

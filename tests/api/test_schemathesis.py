@@ -35,7 +35,8 @@ SCALE = int(os.environ.get("MAINSPRING_FUZZ_SCALE", "1"))
 EXAMPLES = {GenerationMode.POSITIVE: 20 * SCALE, GenerationMode.NEGATIVE: 10 * SCALE}
 REQUEST_TIMEOUT_S = 60
 ROLES = ("user", "assistant", "system", "tool", "developer")
-CAPS = {"n": 2, "best_of": 2, "max_tokens": 8, "max_completion_tokens": 8, "min_tokens": 8}  # work multipliers
+CAPS = {"n": 2, "best_of": 2, "max_tokens": 8, "max_completion_tokens": 8, "max_output_tokens": 8,
+        "min_tokens": 8}  # work multipliers
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,11 @@ def steer(case, llm: str, vocab_size: int) -> None:
     if case.operation.path == "/v1/chat/completions" and not {"max_tokens", "max_completion_tokens"} & set(body) \
             and mostly(body):  # absent means "the rest of the context": ~250 tokens of decoding
         body["max_tokens"] = CAPS["max_tokens"]
+    if case.operation.path == "/v1/responses":  # input may be absent (previous_response_id), but is not here
+        if "input" not in body and mostly(body):
+            body["input"] = "a short question"
+        if "max_output_tokens" not in body and mostly(body):
+            body["max_output_tokens"] = CAPS["max_output_tokens"]
     for name, cap in CAPS.items():
         v = body.get(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > cap and v == int(v) \

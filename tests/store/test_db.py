@@ -13,7 +13,8 @@ from mainspring.store.db import alembic_config, current_revision, dispose_engine
 from mainspring.store.tables import Base, Project
 
 TABLES = {"projects", "api_keys", "price_sheets", "ledger_entries", "budgets", "reservations", "files", "batches",
-          "agents", "threads", "runs", "steps", "tool_calls", "interrupts", "events", "artifacts", "audit_log"}
+          "agents", "threads", "runs", "steps", "tool_calls", "interrupts", "events", "artifacts", "audit_log",
+          "responses"}
 
 
 @pytest.fixture
@@ -26,12 +27,12 @@ def test_migrations_run_from_empty_and_are_idempotent(url, tmp_path):
     assert not (tmp_path / "ms.db").exists()
     engine = init_db(url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0005"
     with session(url) as s:
         s.add(Project(name="acme"))
     init_db(url)  # a second start: nothing to do, nothing lost
     init_db(url)
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0005"
     with session(url, readonly=True) as s:
         assert s.scalars(select(Project.name)).all() == ["acme"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, AsyncIterator
 
@@ -10,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from mainspring.api.errors import APIError, bad_request, error_body
 from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, choice_jobs, fit_max_tokens, new_id, now,
-                                   sampling_params)
+                                   sampling_params, vllm_guided)
 from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
@@ -19,7 +20,7 @@ from mainspring.api.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion,
                                     TopLogprobOut, UsageOut)
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
 from mainspring.api.tools import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, call_schema, new_call_id,
-                                  openai_tool_choice, parse_tool_calls, template_messages)
+                                  openai_tool_choice, parse_answer, template_messages)
 from mainspring.billing.trace import segments_from_messages
 from mainspring.engine.outputs import TokenLogprob
 from mainspring.engine.tokenizer import Tokenizer
@@ -83,9 +84,15 @@ def render_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: l
 
 
 def _guided(body: ChatCompletionRequest, tools: list[ToolSpec], choice: ToolChoice) -> dict[str, Any]:
+    extras = vllm_guided(body)
+    rf = body.response_format
+    if extras and (choice.forced or (rf is not None and rf.type != "text")):
+        raise bad_request("give one output constraint: a forced tool_choice, response_format or vLLM's "
+                          "guided_* / structured_outputs, not several", param=next(iter(extras)))
     if choice.forced:  # the tool call's own schema wins over response_format
         return {"guided_json": call_schema(tools, choice)}
-    rf = body.response_format
+    if extras:
+        return extras
     if rf is None or rf.type == "text":
         return {}
     if rf.type == "json_object":
@@ -95,6 +102,23 @@ def _guided(body: ChatCompletionRequest, tools: list[ToolSpec], choice: ToolChoi
                           param="response_format.json_schema")
     schema = rf.json_schema.schema_
     return {"guided_json": schema} if schema else {"guided_json_object": True}
+
+
+# fields of the SDK's request that would change the answer and that this text-only server cannot honour
+_UNSUPPORTED = {"functions": "the legacy functions API is not supported; send tools and tool_choice",
+                "function_call": "the legacy functions API is not supported; send tools and tool_choice",
+                "audio": "audio output is not supported: this model writes text only",
+                "web_search_options": "web search is not available on this server",
+                "moderation": "moderation is not available on this server"}
+
+
+def _check_supported(body: ChatCompletionRequest) -> None:
+    for name, why in _UNSUPPORTED.items():
+        if (body.model_extra or {}).get(name) is not None:
+            raise bad_request(why, param=name)
+    modalities = (body.model_extra or {}).get("modalities")
+    if isinstance(modalities, list) and any(m != "text" for m in modalities):
+        raise bad_request("only the text modality is supported: this model writes text only", param="modalities")
 
 
 # ---- engine output -> response pieces ---------------------------------------------------------------
@@ -107,9 +131,12 @@ def chat_logprobs(lps: list[TokenLogprob], tokenizer: Tokenizer) -> ChoiceLogpro
 
 
 def _tool_calls_out(calls: list[ParsedCall]) -> list[ToolCallOut]:
-    return [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=json.dumps(c.arguments,
-                                                                                           ensure_ascii=False)))
-            for c in calls]
+    return [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments_json)) for c in calls]
+
+
+def _finish_reason(calls: list[ParsedCall], engine_reason: str | None) -> str | None:
+    # a forced call that max_tokens cut off is still a (partial) call, but the answer ended on "length"
+    return "tool_calls" if calls and all(c.partial is None for c in calls) else engine_reason
 
 
 @router.post(ENDPOINT)
@@ -117,15 +144,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     if upstream.serves(request, body.model):
         return await upstream.proxy(request, body, ENDPOINT)
     model = await resolve_model(request, body.model)
+    _check_supported(body)
     tokenizer = model.engine.tokenizer
     tools = [ToolSpec(t.function.name, t.function.description or "",
                       t.function.parameters or {"type": "object", "properties": {}}) for t in body.tools or []]
     choice = openai_tool_choice(body.tool_choice, tools)
-    prompt_ids = tokenizer.encode(render_prompt(tokenizer, normalize_messages(body.messages), tools, choice))
+    prompt_ids = await asyncio.to_thread(  # ~1 s per MB of prompt: never on the event loop
+        lambda: tokenizer.encode(render_prompt(tokenizer, normalize_messages(body.messages), tools, choice)))
     if getattr(request.app.state, "trace_recorder", None) is not None:  # counts and hashes only, no text
         request.state.trace_segments = segments_from_messages(normalize_messages(body.messages), tokenizer, tools)
     max_tokens = fit_max_tokens(model.context_len(body), len(prompt_ids),
-                                body.max_completion_tokens or body.max_tokens, "messages")
+                                body.max_completion_tokens or body.max_tokens, "messages",
+                                "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
     params = sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -142,13 +172,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return JSONResponse(error_body(APIError(499, "client closed request"), False), status_code=499)
     choices = []
     for i, out in enumerate(outputs):
-        content, calls = out.text, []
-        if choice.mode != "none":
-            content, calls = parse_tool_calls(out.text, tools)
+        content, calls = parse_answer(out.text, tools, choice, out.finish_reason)
+        if body.parallel_tool_calls is False:
+            calls = calls[:1]
         choices.append(ChatChoice(
             index=i, message=ChatMessageOut(content=content, tool_calls=_tool_calls_out(calls) or None),
             logprobs=chat_logprobs(out.logprobs, tokenizer) if out.logprobs is not None else None,
-            finish_reason="tool_calls" if calls else out.finish_reason))
+            finish_reason=_finish_reason(calls, out.finish_reason)))
     return ChatCompletion(id=gen.call_id, created=now(), model=model.id, system_fingerprint=SYSTEM_FINGERPRINT,
                           choices=choices, usage=UsageOut.of(gen.usage()))
 
@@ -162,7 +192,8 @@ async def _events(body: ChatCompletionRequest, gen: Generation, stream: AsyncIte
                                             system_fingerprint=SYSTEM_FINGERPRINT, choices=choices, usage=usage))
 
     n = len(gen.jobs)
-    holders = [ToolCallStream(tools, hold_all=choice.forced) if choice.mode != "none" else None for _ in range(n)]
+    holders = [ToolCallStream(tools, hold_all=choice.forced, choice=choice) if choice.mode != "none" else None
+               for _ in range(n)]
     lp_sent = [0] * n
     try:
         for i in range(n):
@@ -178,7 +209,9 @@ async def _events(body: ChatCompletionRequest, gen: Generation, stream: AsyncIte
                 continue
             calls: list[ParsedCall] = []
             if holders[i]:
-                rest, calls = holders[i].finish()
+                rest, calls = holders[i].finish(out.finish_reason)
+                if body.parallel_tool_calls is False:
+                    calls = calls[:1]
                 if rest:
                     yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=rest))])
                 if calls:
@@ -186,7 +219,7 @@ async def _events(body: ChatCompletionRequest, gen: Generation, stream: AsyncIte
                               for k, (c, f) in enumerate(zip(calls, _tool_calls_out(calls)))]
                     yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(tool_calls=deltas))])
             yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(),
-                                         finish_reason="tool_calls" if calls else out.finish_reason)])
+                                         finish_reason=_finish_reason(calls, out.finish_reason))])
         if body.include_usage:
             yield chunk([], UsageOut.of(gen.usage()))
     except Exception as e:  # headers are sent: report in-band, as OpenAI does, then end the stream

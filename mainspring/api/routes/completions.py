@@ -1,21 +1,27 @@
-"""POST /v1/completions: OpenAI's legacy text completion, streamed or not, one or several prompts."""
+"""POST /v1/completions: OpenAI's legacy text completion, streamed or not, one or several prompts.
+
+`echo` puts the prompt before the completion, and with `logprobs` scores the prompt's tokens too
+(the first has no logprob: nothing precedes it); `max_tokens: 0` then only scores. That is what
+evaluation harnesses send for log-likelihoods (lm-eval: echo, max_tokens 0, logprobs).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from mainspring.api.errors import APIError, bad_request, error_body
 from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, Job, choice_jobs, fit_max_tokens, new_id, now,
-                                   sampling_params)
+                                   sampling_params, vllm_guided)
 from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, UsageOut
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
-from mainspring.engine.outputs import TokenLogprob
+from mainspring.engine.outputs import RequestOutput, TokenLogprob
 from mainspring.engine.tokenizer import Tokenizer
 
 router = APIRouter()
@@ -44,15 +50,39 @@ def prompt_token_lists(prompt: Any, tokenizer: Tokenizer, vocab_size: int) -> li
     return out
 
 
-def completion_logprobs(lps: list[TokenLogprob], offset: int) -> CompletionLogprobs:
-    """OpenAI's legacy logprobs shape; `offset` is where the first token's text starts."""
-    offsets = []
-    for lp in lps:
-        offsets.append(offset)
-        offset += len(lp.token)
-    return CompletionLogprobs(tokens=[lp.token for lp in lps], token_logprobs=[finite(lp.logprob) for lp in lps],
-                              top_logprobs=[{t.token: finite(t.logprob) for t in lp.top} for lp in lps],
-                              text_offset=offsets)
+def _top(lp: TokenLogprob) -> dict[str, float]:
+    # OpenAI: the `logprobs` likeliest tokens and always the sampled one, so logprobs 0 gives just it
+    top = {t.token: finite(t.logprob) for t in lp.top}
+    top.setdefault(lp.token, finite(lp.logprob))
+    return top
+
+
+def completion_logprobs(lps: list[TokenLogprob], offset: int,
+                        prompt: Sequence[tuple[str, TokenLogprob | None]] = ()) -> CompletionLogprobs:
+    """OpenAI's legacy logprobs shape; `offset` is where the first token's text starts. `prompt`: an
+    echoed prompt's tokens as (text, logprob or None for the first), before the completion's."""
+    out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    for text, lp in [*prompt, *((lp.token, lp) for lp in lps)]:
+        out.tokens.append(text)
+        out.token_logprobs.append(finite(lp.logprob) if lp is not None else None)
+        out.top_logprobs.append(_top(lp) if lp is not None else None)
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def _echoed(out: RequestOutput, tokenizer: Tokenizer) -> list[tuple[str, TokenLogprob | None]]:
+    lps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+    return [(tokenizer.token_text(t), lp) for t, lp in zip(out.prompt_token_ids, lps)]
+
+
+def _prompt_texts(prompt: Any, prompts: list[list[int]], tokenizer: Tokenizer) -> list[str]:
+    """What echo puts first: each prompt as given, token-id prompts decoded."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and len(prompt) == len(prompts) and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
 
 
 @router.post(ENDPOINT)
@@ -60,38 +90,48 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if upstream.serves(request, body.model):
         return await upstream.proxy(request, body, ENDPOINT)
     model = await resolve_model(request, body.model)
-    if body.echo:
-        raise bad_request("echo is not supported by this server", param="echo")
     if body.suffix:
         raise bad_request("suffix is not supported by this server", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of must equal n (no server-side ranking)", param="best_of")
     eng = model.engine.engine
-    prompts = prompt_token_lists(body.prompt, eng.tokenizer, eng.model_config.vocab_size)
+    prompts = await asyncio.to_thread(prompt_token_lists, body.prompt, eng.tokenizer, eng.model_config.vocab_size)
+    # the engine scores prompt tokens for echo + logprobs; max_tokens 0 is "score only" to it
+    prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
+    if body.max_tokens == 0 and prompt_logprobs is None:
+        prompt_logprobs = 0
+    extras = {**vllm_guided(body), "prompt_logprobs": prompt_logprobs}
     jobs: list[Job] = []
     base = None
     for g, ids in enumerate(prompts):
         max_tokens = fit_max_tokens(model.context_len(body), len(ids), body.max_tokens,
                                     "prompt" if len(prompts) == 1 else f"prompt[{g}]")
-        base = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs) if base is None \
+        base = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, **extras) if base is None \
             else dataclasses.replace(base, max_tokens=max_tokens)
         jobs += choice_jobs(ids, base, body.n, group=g)
+    echo = _prompt_texts(body.prompt, prompts, eng.tokenizer) if body.echo else None
     gen = Generation(request, model, ENDPOINT, jobs, stream=body.stream, call_id=new_id("cmpl-"))
     await gen.begin()
     if body.stream:
-        return EventStreamResponse(_events(body, gen, await prime(gen.stream())), on_close=gen.aclose)
+        return EventStreamResponse(_events(body, gen, await prime(gen.stream()), echo, eng.tokenizer),
+                                   on_close=gen.aclose)
 
     outputs = await gen.complete()
     if outputs is None:
         return JSONResponse(error_body(APIError(499, "client closed request"), False), status_code=499)
-    choices = [CompletionChoice(index=i, text=out.text, finish_reason=out.finish_reason,
-                                logprobs=completion_logprobs(out.logprobs, 0) if out.logprobs is not None else None)
-               for i, out in enumerate(outputs)]
+    choices = []
+    for i, out in enumerate(outputs):
+        prompt = _echoed(out, eng.tokenizer) if echo is not None and out.logprobs is not None else []
+        choices.append(CompletionChoice(
+            index=i, text=(echo[gen.jobs[i].group] if echo is not None else "") + out.text,
+            finish_reason=out.finish_reason,
+            logprobs=completion_logprobs(out.logprobs, 0, prompt) if out.logprobs is not None else None))
     return Completion(id=gen.call_id, created=now(), model=model.id, system_fingerprint=SYSTEM_FINGERPRINT,
                       choices=choices, usage=UsageOut.of(gen.usage()))
 
 
-async def _events(body: CompletionRequest, gen: Generation, stream: AsyncIterator) -> AsyncIterator[str]:
+async def _events(body: CompletionRequest, gen: Generation, stream: AsyncIterator, echo: list[str] | None,
+                  tokenizer: Tokenizer) -> AsyncIterator[str]:
     created = now()
 
     def chunk(choices: list[CompletionChoice], usage: UsageOut | None = None) -> str:
@@ -100,14 +140,21 @@ async def _events(body: CompletionRequest, gen: Generation, stream: AsyncIterato
 
     lp_sent = [0] * len(gen.jobs)
     offsets = [0] * len(gen.jobs)
+    echoed = [echo is None] * len(gen.jobs)
     try:
         async for i, out in stream:
             new_lps = out.logprobs[lp_sent[i]:] if out.logprobs is not None else []
             lp_sent[i] += len(new_lps)
-            if out.delta_text or new_lps or out.finished:
-                lps = completion_logprobs(new_lps, offsets[i]) if out.logprobs is not None else None
-                offsets[i] += sum(len(lp.token) for lp in new_lps)
-                yield chunk([CompletionChoice(index=i, text=out.delta_text, logprobs=lps,
+            # the first output of a choice comes once its prompt is in: the echo leads its first chunk
+            prompt, text = [], out.delta_text
+            if not echoed[i]:
+                echoed[i] = True
+                text = echo[gen.jobs[i].group] + text  # type: ignore[index]
+                prompt = _echoed(out, tokenizer) if out.logprobs is not None else []
+            if text or new_lps or prompt or out.finished:
+                lps = completion_logprobs(new_lps, offsets[i], prompt) if out.logprobs is not None else None
+                offsets[i] += sum(len(t) for t, _ in prompt) + sum(len(lp.token) for lp in new_lps)
+                yield chunk([CompletionChoice(index=i, text=text, logprobs=lps,
                                               finish_reason=out.finish_reason if out.finished else None)])
         if body.include_usage:
             yield chunk([], UsageOut.of(gen.usage()))

@@ -2,7 +2,9 @@
 
 Inputs may be a string, a list of strings, one token array or a list of token arrays. Token ids
 are this model's word-piece ids (not OpenAI's cl100k), decoded to text and embedded like text.
-Texts longer than 256 word pieces are truncated, as sentence-transformers does for this model.
+An input longer than the model reads (256 word pieces, [CLS] and [SEP] included) is a 400, as
+OpenAI answers an input over its limit; vLLM's `truncate_prompt_tokens` (-1: the model's limit,
+or a smaller count) embeds the first word pieces instead, as sentence-transformers does.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: str = "float"
     dimensions: Any = None
     user: str | None = None
+    truncate_prompt_tokens: Any = None  # vLLM's: None = refuse long inputs, -1 = the model's limit, k = k
 
 
 class EmbeddingItem(BaseModel):
@@ -104,6 +107,23 @@ def parse_dimensions(raw: Any, full: int) -> int:
     return raw
 
 
+def parse_truncation(raw: Any, limit: int) -> int | None:
+    if raw is None:
+        return None
+    if not _is_int(raw) or not (raw == -1 or 1 <= raw <= limit):
+        raise _bad(f"'truncate_prompt_tokens' must be -1 (the model's limit) or between 1 and {limit}, got {raw!r}")
+    return limit if raw == -1 else raw
+
+
+def check_lengths(lengths: list[int], limit: int) -> None:
+    """A 400 for the first input the model would have to cut, naming its length and the limit."""
+    for i, n in enumerate(lengths):
+        if n > limit:
+            where = "'input'" if len(lengths) == 1 else f"'input[{i}]'"
+            raise _bad(f"{where} has {n} word pieces ([CLS] and [SEP] included), more than {MODEL_NAME} reads "
+                       f"({limit}); shorten it, or send truncate_prompt_tokens: -1 to embed its first {limit}")
+
+
 def encode_vectors(vectors: torch.Tensor, encoding_format: str) -> list[list[float] | str]:
     if encoding_format == "float":
         return vectors.tolist()
@@ -141,9 +161,14 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Embeddi
     dims = parse_dimensions(body.dimensions, embedder.dim)
     items = parse_input(body.input, embedder)
     texts = [x if isinstance(x, str) else embedder.decode(x) for x in items]
+    limit = embedder.max_seq_length
+    cut = parse_truncation(body.truncate_prompt_tokens, limit)
 
     def work() -> tuple[torch.Tensor, int]:
-        return embedder.embed(texts), embedder.count_tokens(texts)
+        lengths = embedder.full_lengths(texts)
+        if cut is None:
+            check_lengths(lengths, limit)
+        return embedder.embed(texts, max_length=cut), sum(min(n, cut or limit) for n in lengths)
 
     vectors, tokens = await run_in_threadpool(work)
     if dims < embedder.dim:  # Matryoshka-style: keep the leading dimensions and renormalize, as OpenAI does
