@@ -88,3 +88,24 @@ def test_writes_are_503_with_retry_after_while_reads_keep_working(srv):
     r = http.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 200, r.text
     assert http.post("/v1/files", **UPLOAD).status_code == 200
+
+
+def test_a_call_served_while_the_ledger_is_locked_is_billed_once_the_lock_is_gone(srv):
+    """An anonymous call holds nothing before it runs, so it is served; its ledger row waits for the lock."""
+    import time
+
+    from sqlalchemy import select
+
+    from mainspring.store.tables import LedgerEntry
+
+    meter = srv.app.state.economics.meter
+    with write_lock_held(srv.db):
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=CHAT, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["id"] in meter.pending()  # not lost: queued
+    deadline = time.monotonic() + 30
+    while meter.pending() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with session(srv.app.state.economics.db, readonly=True) as s:
+        rows = s.scalars(select(LedgerEntry).where(LedgerEntry.request_id == r.json()["id"])).all()
+    assert len(rows) == 1 and rows[0].tokens_output == r.json()["usage"]["completion_tokens"]
