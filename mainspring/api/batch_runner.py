@@ -42,8 +42,7 @@ from mainspring.api.routes import call_route
 from mainspring.api.routes.files import content_path, store_file
 from mainspring.billing import budgets, ledger
 from mainspring.billing.budgets import BudgetExceeded
-from mainspring.billing.prices import PriceError, price
-from mainspring.billing.usage import from_engine
+from mainspring.billing.prices import PriceError
 from mainspring.engine.outputs import Usage
 from mainspring.store.db import session
 from mainspring.store.tables import ApiKey, BatchRow, FileRow
@@ -82,10 +81,9 @@ class _LineEconomics:
 
     def admit(self, key: ApiKey | None, _request_id: str, _model: str, _tier: str, prompt_tokens: int,
               max_output_tokens: int) -> budgets.Reservation:
-        try:
-            with session(self.econ.db) as s:
-                return budgets.reserve(s, self.request_id, key, sheet=self.sheet, model=self.model, tier="batch",
-                                       input_tokens=prompt_tokens, max_output_tokens=max_output_tokens)
+        try:  # the app's Meter: the hold stays alive however long the line waits behind other work
+            return self.econ.meter.reserve(key, self.request_id, model=self.model, tier="batch",
+                                           input_tokens=prompt_tokens, max_output_tokens=max_output_tokens)
         except BudgetExceeded as exc:
             raise APIError(402, str(exc), code="budget_exceeded") from None
         except PriceError as exc:
@@ -94,17 +92,13 @@ class _LineEconomics:
 
     def record(self, key: ApiKey | None, reservation: budgets.Reservation, _request_id: str, endpoint: str,
                _model: str, _tier: str, _stream: bool, usage: Usage, status: str, finish_reason: str | None) -> int:
-        with session(self.econ.db) as s:
-            if status == "cancelled":  # given up by the runner: redone later or left out, never billed
-                budgets.release(s, reservation)
-                return 0
-            rec = from_engine(usage, self.model, "batch", stream=False, finish_reason=finish_reason,
-                              batch_id=self.batch_id)
-            cost = price(rec, self.sheet)
-            entry = ledger.record(s, self.request_id, key, rec, cost, status, endpoint=endpoint,
-                                  custom_id=self.custom_id)
-            budgets.settle(s, reservation, entry.cost_total_u)
-            return entry.cost_total_u
+        meter = self.econ.meter
+        if status == "cancelled":  # given up by the runner: redone later or left out, never billed
+            meter.release(reservation)
+            return 0
+        return meter.record(key, reservation, self.request_id, usage, endpoint=endpoint, model=self.model,
+                            tier="batch", stream=False, status=status, finish_reason=finish_reason,
+                            custom_id=self.custom_id, batch_id=self.batch_id)
 
 
 @dataclass

@@ -69,10 +69,10 @@ class Meter:
 
     def record(self, key: ApiKey | None, reservation: Reservation, request_id: str, usage: Usage, *,
                endpoint: str, model: str, tier: str, stream: bool, status: str, finish_reason: str | None,
-               project_id: int | None = None, custom_id: str | None = None) -> int:
+               project_id: int | None = None, custom_id: str | None = None, batch_id: str | None = None) -> int:
         """The ledger row for what the call used and the settled hold, in one transaction; returns the row's cost
         in micro-USD (the row already there when `request_id` was recorded before: a request is billed once)."""
-        rec = from_engine(usage, model, tier, stream=stream, finish_reason=finish_reason)
+        rec = from_engine(usage, model, tier, stream=stream, finish_reason=finish_reason, batch_id=batch_id)
         cost = price(rec, self.sheet)
 
         def write() -> int:
