@@ -39,6 +39,14 @@ class KeyBudgetExceeded(Exception):
                          f"call could cost up to {usd(exc.reserve_u)}); raise it and resume the run")
 
 
+class KeyRevoked(Exception):
+    """The key that created the run was revoked: the run may not spend under it any more (it fails)."""
+
+    def __init__(self, key_id: str):
+        super().__init__(f"the API key {key_id} that created this run was revoked; the run stops before its next "
+                         "model call (start it again with a valid key)")
+
+
 @dataclass(frozen=True)
 class Charge:
     """One model call's hold, from before the call to its ledger row."""
@@ -54,11 +62,13 @@ class Charge:
 def reserve(meter: Meter, run: RunRow, step_id: str, models: tuple[str | None, ...], input_tokens: int,
             max_tokens: int) -> Charge | None:
     """Hold the next call's worst case, priced as the first of `models` the sheet lists; None when none is (an
-    unpriced model costs nothing and is not metered). Raises KeyBudgetExceeded."""
+    unpriced model costs nothing and is not metered). Raises KeyBudgetExceeded, or KeyRevoked (priced or not)."""
+    key = meter.key(run.api_key_id)
+    if key is not None and key.revoked_at is not None:
+        raise KeyRevoked(key.id)
     model = meter.priced(*models)
     if model is None:
         return None
-    key = meter.key(run.api_key_id)
     # a hold of its own per attempt: a released hold under the same id would be taken for a live one
     request_id = f"{step_id}:{secrets.token_hex(4)}"
     try:

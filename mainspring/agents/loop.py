@@ -267,6 +267,10 @@ class RunLoop:
             await self._write(charges.note_refusal, env.db, self.run_id, exc)
             await self._write(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
             return False
+        except charges.KeyRevoked as exc:
+            await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
+                              stop_reason="key_revoked")
+            return False
         except ModelFailed as exc:
             await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
                               stop_reason="model_error")

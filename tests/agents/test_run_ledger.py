@@ -224,3 +224,41 @@ def test_a_keys_run_shows_in_its_usage_report(tmp_path, async_engine):
         cost_u = s.get(RunRow, run_id).cost_u
     [row] = [r for r in usage["data"] if r["group"] == created.key.id]
     assert row["requests"] == 2 and row["cost_u"] == cost_u > 0
+
+
+@dataclass
+class RevokeTool:
+    """TEST-ONLY: revokes the key the run spends under, as an operator would mid-run."""
+    db: str
+    key_id: str
+    name: str = "revoke"
+    description: str = "revoke the run's key"
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+    idempotent: bool = True
+    requires_approval: bool = False
+    timeout_s: float = 30
+    retries: int = 0
+
+    async def call(self, args: dict, ctx) -> ToolResult:
+        from mainspring.billing.keys import revoke_key
+
+        def revoke() -> None:
+            with session(self.db) as s:
+                revoke_key(s, self.key_id)
+        await asyncio.to_thread(revoke)
+        return ToolResult("count=1 revoked")
+
+
+def test_a_revoked_key_stops_its_runs_before_their_next_model_call(tmp_path, db_url):
+    key = new_key(db_url)
+    model = priced_policy(tool="revoke", calls=2)
+    runtime = make_runtime(tmp_path, db_url, model, {"revoke": RevokeTool(db_url, key.id)})
+
+    async def body():
+        return await until(db_url, start(runtime, db_url, spec(tools=("revoke",)), key), {"succeeded", "failed"})
+
+    run = drive(runtime, body)
+    assert (run.status, run.stop_reason) == ("failed", "key_revoked") and key.id in run.error
+    rows, steps, holds = charged(db_url, run.id)
+    assert len(model.seen) == 1 and len(rows) == 1  # the call before the revocation is billed, none after
+    assert all(h.settled for h in holds)
