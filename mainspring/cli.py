@@ -15,15 +15,13 @@ import typer
 from rich.console import Console
 
 from mainspring.config import get_settings
+from mainspring.console import fail
 from mainspring.engine.errors import EngineError
 
 app = typer.Typer(help="Mainspring: self-hosted inference, agents and RL post-training.", no_args_is_help=True)
 err = Console(stderr=True)
 
 
-def _fail(msg: str) -> None:
-    err.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(2)
 
 
 @app.callback()
@@ -35,7 +33,7 @@ def _check_settings() -> None:
         get_settings()
     except ValidationError as exc:
         problems = "; ".join(f"MAINSPRING_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        _fail(f"bad setting: {problems}")
+        fail(f"bad setting: {problems}")
 
 
 def _engine():
@@ -45,7 +43,7 @@ def _engine():
         try:
             return LLMEngine.from_settings()
         except EngineError as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
 
 def _params(max_tokens: int, temperature: float, top_p: float, seed: Optional[int], stop: list[str]):
@@ -54,14 +52,14 @@ def _params(max_tokens: int, temperature: float, top_p: float, seed: Optional[in
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _stream(engine, prompt, params) -> str:
     try:
         rid = engine.add_request(prompt, params)
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     text = ""
     while engine.has_unfinished():
         for out in engine.step():
@@ -138,9 +136,9 @@ def _refuse_bad_database(settings) -> None:
     try:
         check_database(get_engine(settings.resolved_database_url()))
     except DatabaseCorrupt as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except SQLAlchemyError as exc:
-        _fail(f"cannot open the database {settings.resolved_database_url()}: {getattr(exc, 'orig', exc)}")
+        fail(f"cannot open the database {settings.resolved_database_url()}: {getattr(exc, 'orig', exc)}")
 
 
 @app.command()
@@ -162,7 +160,7 @@ def serve(
     try:
         uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
     except EngineError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _pid_file() -> Path:
@@ -197,12 +195,12 @@ def up(timeout: float = typer.Option(300, help="seconds to wait for the server t
     with err.status(f"starting the server (log: {log_path})"):
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                _fail(f"the server exited with code {proc.returncode}; see {log_path}")
+                fail(f"the server exited with code {proc.returncode}; see {log_path}")
             if _healthy(url):
                 typer.echo(f"Mainspring is running at {url}  (stop it with `mainspring down`)")
                 return
             time.sleep(0.5)
-    _fail(f"the server did not become healthy within {timeout:.0f} s; see {log_path}")
+    fail(f"the server did not become healthy within {timeout:.0f} s; see {log_path}")
 
 
 @app.command()

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mainspring.config import Settings
+from mainspring.console import fail
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -34,9 +35,6 @@ API_KEY = typer.Option(None, "--api-key", envvar="MAINSPRING_API_KEY", show_envv
                        help="API key, when the server requires one")
 
 
-def _fail(msg: str, code: int = 2) -> NoReturn:
-    err.print(f"[red]error:[/red] {escape(msg)}")
-    raise typer.Exit(code)
 
 
 def clip(text: Any, n: int = CLIP) -> str:
@@ -61,7 +59,7 @@ class Server:
         except httpx.ConnectError:
             self.unreachable()
         except httpx.HTTPError as exc:
-            _fail(f"the server at {self.url} did not answer {method} {path}: {exc}")
+            fail(f"the server at {self.url} did not answer {method} {path}: {exc}")
         if r.status_code == 404 and missing_ok:
             return None
         if r.status_code >= 400:
@@ -75,7 +73,7 @@ class Server:
         return self.call("POST", path, json=body or {}, **kwargs)
 
     def unreachable(self) -> NoReturn:
-        _fail(f"no server at {self.url} — start it with `make up`")
+        fail(f"no server at {self.url} — start it with `make up`")
 
     def refused(self, r: httpx.Response) -> NoReturn:
         try:
@@ -84,7 +82,7 @@ class Server:
             message = r.text[:500] or r.reason_phrase
         if r.status_code == 401:
             message += " (set MAINSPRING_API_KEY or pass --api-key)"
-        _fail(f"{message} [HTTP {r.status_code}]")
+        fail(f"{message} [HTTP {r.status_code}]")
 
     def events(self, run_id: str, after: int = 0) -> Iterator[dict]:
         """The run's events after `after`, live, until the run has ended; a dropped connection is resumed
@@ -107,7 +105,7 @@ class Server:
                     self.unreachable()
             except (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
                 if failures >= RECONNECTS:
-                    _fail(f"lost the event stream of {run_id}: {exc}")
+                    fail(f"lost the event stream of {run_id}: {exc}")
             failures += 1
             time.sleep(min(2 ** failures / 4, 5))
 
@@ -241,18 +239,18 @@ def upload_attachments(server: Server, docs: Path | None, db: Path | None) -> di
     out: dict[str, Any] = {}
     if docs is not None:
         if not docs.is_dir():
-            _fail(f"--docs {docs}: not a folder")
+            fail(f"--docs {docs}: not a folder")
         files = sorted(p for p in docs.rglob("*") if p.is_file() and not p.is_symlink()
                        and not any(part.startswith(".") for part in p.relative_to(docs).parts))
         if not files:
-            _fail(f"--docs {docs}: no files in it")
+            fail(f"--docs {docs}: no files in it")
         if len(files) > MAX_UPLOADS:
-            _fail(f"--docs {docs}: {len(files)} files, more than {MAX_UPLOADS} to upload; put the folder under "
+            fail(f"--docs {docs}: {len(files)} files, more than {MAX_UPLOADS} to upload; put the folder under "
                   "the server's MAINSPRING_AGENT_ATTACH_ROOTS and pass --server-paths")
         out["docs"] = [_upload(server, f) for f in files]
     if db is not None:
         if not db.is_file():
-            _fail(f"--db {db}: not a file")
+            fail(f"--db {db}: not a file")
         out["db"] = _upload(server, db)
     return out
 
@@ -402,9 +400,9 @@ def _interrupt_id(server: Server, ref: str) -> str:
         return ref
     pending = server.get("/v1/interrupts", params={"run_id": ref, "status": "pending"})["data"]
     if not pending:
-        _fail(f"run {ref} has no pending approval")
+        fail(f"run {ref} has no pending approval")
     if len(pending) > 1:
-        _fail(f"run {ref} has {len(pending)} pending approvals; name one: " + ", ".join(i["id"] for i in pending))
+        fail(f"run {ref} has {len(pending)} pending approvals; name one: " + ", ".join(i["id"] for i in pending))
     return pending[0]["id"]
 
 
@@ -424,9 +422,9 @@ def approve(ctx: typer.Context, ref: str = typer.Argument(..., metavar="INTERRUP
         try:
             arguments = json.loads(args)
         except ValueError as exc:
-            _fail(f"--args is not valid JSON: {exc}")
+            fail(f"--args is not valid JSON: {exc}")
         if not isinstance(arguments, dict):
-            _fail("--args must be a JSON object, e.g. '{\"path\": \"notes.txt\"}'")
+            fail("--args must be a JSON object, e.g. '{\"path\": \"notes.txt\"}'")
         body = {**body, "decision": "edit", "arguments": arguments}
     _resolved(ctx.obj.post(f"/v1/interrupts/{_interrupt_id(ctx.obj, ref)}/resolve", body))
 
@@ -469,7 +467,7 @@ def budget(ctx: typer.Context, run_id: str,
            usd: Optional[str] = typer.Option(None, "--usd", help="cost budget in USD, e.g. 0.50")) -> None:
     """Set the run's budget; a run paused by its budget continues."""
     if tokens is None and usd is None:
-        _fail("give --tokens N, --usd X or both")
+        fail("give --tokens N, --usd X or both")
     body = {k: v for k, v in (("token_budget", tokens), ("cost_budget_usd", usd)) if v is not None}
     run = ctx.obj.post(f"/v1/runs/{run_id}/budget", body)
     out.print(f"{run['id']} {run['status']} · budget {budget_text(run['budget'])}")
@@ -484,7 +482,7 @@ def _audit_session():
     """A read session on Settings' database (migrated first, as every command that opens it does)."""
     from mainspring.store.db import cli_session
 
-    return cli_session(_fail, readonly=True)
+    return cli_session(fail, readonly=True)
 
 
 def _known_run(s: Any, run_id: str) -> None:
@@ -493,7 +491,7 @@ def _known_run(s: Any, run_id: str) -> None:
     try:
         get_run(s, run_id)
     except JournalError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @audit_app.command("verify")
@@ -533,5 +531,5 @@ def export(run_id: str,
     try:
         output.write_text(text)
     except OSError as exc:
-        _fail(f"cannot write {output}: {exc}")
+        fail(f"cannot write {output}: {exc}")
     err.print(f"{len(lines)} entries → {output}")

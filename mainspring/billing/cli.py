@@ -11,27 +11,25 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 
 from mainspring.billing import budgets, keys, reports
 from mainspring.billing.prices import PriceError, usd_to_micro
+from mainspring.console import fail
 
 keys_app = typer.Typer(help="API keys: create (secret shown once), list, revoke.", no_args_is_help=True)
 err = Console(stderr=True)
 
 
-def _fail(msg: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {msg}", highlight=False)
-    raise typer.Exit(2)
 
 
 def _session(readonly: bool = False):
     from mainspring.store.db import cli_session
 
-    return cli_session(_fail, readonly=readonly)
+    return cli_session(fail, readonly=readonly)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> None:
@@ -56,16 +54,16 @@ def create(
         try:
             limit_u = usd_to_micro(budget)
         except (PriceError, ValueError):
-            _fail(f"--budget {budget!r} is not an amount in USD >= 0, e.g. 5.00")
+            fail(f"--budget {budget!r} is not an amount in USD >= 0, e.g. 5.00")
     if period not in budgets.PERIODS:
-        _fail(f"--period {period!r} is not one of {', '.join(budgets.PERIODS)}")
+        fail(f"--period {period!r} is not one of {', '.join(budgets.PERIODS)}")
     try:
         with _session() as s:
             made = keys.create_key(s, project, name, rpm_limit=rpm, tpm_limit=tpm)
             if limit_u is not None:
                 budgets.set_budget(s, "key", made.key.id, period, limit_u)
     except (keys.KeyAdminError, budgets.BudgetError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"key id:  {made.key.id}")
     typer.echo(f"project: {project}")
     if limit_u is not None:
@@ -98,7 +96,7 @@ def revoke(key_id: str = typer.Argument(..., help="the key id, e.g. key_01234567
         with _session() as s:
             k = keys.revoke_key(s, key_id)
     except keys.KeyAdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"revoked {k.id} at {k.revoked_at:%Y-%m-%d %H:%M:%S} UTC")
 
 
@@ -108,7 +106,7 @@ def _date(flag: str, v: Optional[str]) -> Optional[datetime]:
     try:
         return datetime.strptime(v, "%Y-%m-%d").replace(tzinfo=timezone.utc)
     except ValueError:
-        _fail(f"{flag} {v!r} is not a date like 2025-06-01")
+        fail(f"{flag} {v!r} is not a date like 2025-06-01")
 
 
 def usage(
@@ -119,7 +117,7 @@ def usage(
 ) -> None:
     """Usage and cost from the ledger, with cache hit rate and cache savings."""
     if by not in reports.GROUPS:
-        _fail(f"--by {by!r} is not one of {', '.join(reports.GROUPS)}")
+        fail(f"--by {by!r} is not one of {', '.join(reports.GROUPS)}")
     start, end = _date("--since", since), _date("--until", until)
     with _session(readonly=True) as s:
         rows = reports.usage_report(s, by, start, end)
@@ -127,7 +125,7 @@ def usage(
         try:
             reports.write_csv(rows, csv_file, by)
         except OSError as exc:
-            _fail(f"cannot write {csv_file}: {exc.strerror or exc}")
+            fail(f"cannot write {csv_file}: {exc.strerror or exc}")
     if not rows:
         typer.echo("no usage recorded")
         return
@@ -158,7 +156,7 @@ def sim(
 
     unknown = [p for p in policy if p not in POLICIES]
     if unknown:
-        _fail(f"--policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
+        fail(f"--policy {unknown[0]!r} is not one of {', '.join(POLICIES)}")
     names = list(dict.fromkeys(policy)) or list(POLICIES)
     specs = [make_policy(p, capacity_tokens=kv_capacity) if p == "kv_blocks" and kv_capacity else make_policy(p)
              for p in names]
@@ -168,7 +166,7 @@ def sim(
         result = simulate(requests, specs, sheet)
         proposals = advise(requests, result, sheet)
     except (TraceError, PriceError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         typer.echo(json.dumps({"trace": str(trace), "requests": len(requests), "results": result.to_json(),
                                "advice": [p.to_json() for p in proposals]}, indent=2))

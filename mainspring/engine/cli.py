@@ -15,12 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mainspring.console import fail
+
 err = Console(stderr=True)
 
 
-def _fail(msg: str) -> None:
-    err.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(2)
 
 
 _FLAGS = {"attention_window": "--window", "attention_sinks": "--sinks", "kv_hot_tokens": "--hot"}
@@ -46,19 +45,19 @@ def perplexity_cmd(
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{file}: cannot read it as UTF-8 text ({exc})")
+        fail(f"{file}: cannot read it as UTF-8 text ({exc})")
     if bits not in (4, 8):
-        _fail("--bits must be 8 or 4")
+        fail("--bits must be 8 or 4")
     if chunk < 1:
-        _fail("--chunk must be at least 1")
+        fail("--chunk must be at least 1")
     with err.status("loading model"):
         try:
             engine = LLMEngine.from_settings(kv_policy={"bits": bits} if hot else None)
         except EngineError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     ids = engine.tokenizer.encode(text)[:tokens]
     if len(ids) < 2:
-        _fail(f"{file}: fewer than two tokens to score")
+        fail(f"{file}: fewer than two tokens to score")
     runs = []
     try:
         policy = None if window is None and hot is None else \
@@ -66,7 +65,7 @@ def perplexity_cmd(
         if compare and policy is not None:
             runs.append(("dense fp32", None, ids[: engine.max_model_len]))
         if policy is None and len(ids) > engine.max_model_len:
-            _fail(f"the text has {len(ids)} tokens, more than the model's context ({engine.max_model_len}); "
+            fail(f"the text has {len(ids)} tokens, more than the model's context ({engine.max_model_len}); "
                   "give --window to go past it, or --tokens to score less")
         name = "dense fp32" if policy is None else ", ".join(
             p for p in (f"window {window} + {sinks} sinks" if window else "", f"hot {hot}, int{bits} cold" if hot else "") if p)
@@ -81,9 +80,9 @@ def perplexity_cmd(
         msg = str(exc)
         for field, flag in _FLAGS.items():
             msg = msg.replace(field, flag)
-        _fail(msg)
+        fail(msg)
     except RuntimeError as exc:  # the KV pool cannot hold the text densely
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         print(json.dumps({"model": engine.name, "file": str(file), "runs": rows}))
         return

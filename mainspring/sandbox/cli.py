@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from mainspring.console import fail
 from mainspring.sandbox.errors import SandboxError, SandboxUnavailable
 
 sandbox_app = typer.Typer(help="Run untrusted code isolated: bubblewrap, cgroups, seccomp, Landlock.",
@@ -23,9 +24,6 @@ out = Console()
 err = Console(stderr=True)
 
 
-def _fail(msg: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {msg}", highlight=False)
-    raise typer.Exit(2)
 
 
 def _sandbox():
@@ -34,7 +32,7 @@ def _sandbox():
     try:
         return Sandbox()
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @sandbox_app.command("run", context_settings={"allow_interspersed_args": False})
@@ -52,9 +50,9 @@ def run(
     try:
         result = sandbox.run(command, inputs, profile, stdin=sys.stdin.buffer.read() if stdin else None)
     except SandboxUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if out_dir is not None:
         _write_outputs(out_dir, result.files)
     if as_json:
@@ -81,7 +79,7 @@ def _read_inputs(paths: list[Path]) -> dict[str, bytes]:
         elif path.is_file():
             inputs[path.name] = path.read_bytes()
         else:
-            _fail(f"no such file: {path}")
+            fail(f"no such file: {path}")
     return inputs
 
 
@@ -116,7 +114,7 @@ def check() -> None:
     try:
         sandbox.prepare()
     except SandboxUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if sandbox.runtime.problem:
         out.print(f"[yellow]note:[/yellow] project runtime unavailable in sandboxes: {sandbox.runtime.problem}")
     out.print("[green]ok:[/green] a sandbox started and ran /bin/true")

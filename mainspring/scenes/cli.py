@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 
+from mainspring.console import fail
 from mainspring.scenes.errors import SceneError, SceneInvalid
 
 app = typer.Typer(help="3D scenes (scene/0.1): validate, check constraints, render previews, export glTF.",
@@ -23,9 +24,6 @@ err = Console(stderr=True, soft_wrap=True)  # long paths and messages stay on on
 SceneFile = typer.Argument(..., help="a scene/0.1 JSON file (mesh assets are looked up next to it)")
 
 
-def _fail(msg: str) -> NoReturn:
-    err.print(f"[red]error:[/red] {msg}", highlight=False, markup=True)
-    raise typer.Exit(2)
 
 
 def _load(path: Path):
@@ -39,7 +37,7 @@ def _load(path: Path):
             err.print(f"  {v.path}: {v.message}", highlight=False, markup=False)
         raise typer.Exit(2)
     except SceneError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _world(path: Path):
@@ -49,7 +47,7 @@ def _world(path: Path):
     try:
         return build_world(scene, path.parent)
     except SceneError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @app.command("validate")
@@ -89,7 +87,7 @@ def render_cmd(path: Path = SceneFile,
     try:
         frame = shared_renderer().render(world, width)
     except RenderUnavailable as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out = out or path.with_suffix(".png")
     _write(out, frame.png())
     if ids is not None:
@@ -120,9 +118,9 @@ def import_cmd(path: Path = typer.Argument(..., help="a .glb written by `mainspr
     try:
         doc = from_glb(path.read_bytes())
     except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror or exc}")
+        fail(f"cannot read {path}: {exc.strerror or exc}")
     except SceneError as exc:
-        _fail(f"{path}: {exc}")
+        fail(f"{path}: {exc}")
     text = json.dumps(doc, indent=1) + "\n"
     if out is None:
         typer.echo(text, nl=False)
@@ -142,4 +140,4 @@ def _write(path: Path, data: bytes) -> None:
     try:
         path.write_bytes(data)
     except OSError as exc:
-        _fail(f"cannot write {path}: {exc.strerror or exc}")
+        fail(f"cannot write {path}: {exc.strerror or exc}")

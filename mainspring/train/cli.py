@@ -9,14 +9,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from mainspring.console import fail
 from mainspring.train.events import TrainEvent
 
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(msg: str) -> None:
-    err.print(f"[red]error:[/red] {msg}", markup=True, highlight=False)
-    raise typer.Exit(2)
 
 
 def _summary(e: TrainEvent) -> str:
@@ -54,11 +52,11 @@ def train_cmd(
     try:
         cfg = TrainConfig.load(config)
     except TrainConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     rank = _init_distributed()
     run_dir = out or get_settings().data_dir / "train" / config.stem
     if not resume and (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-        _fail(f"{run_dir} already holds a run: pass --resume to continue it, or --out for a new folder")
+        fail(f"{run_dir} already holds a run: pass --resume to continue it, or --out for a new folder")
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=err, transient=False, disable=rank != 0) as bar:
@@ -82,7 +80,7 @@ def train_cmd(
         try:
             result = run_training(cfg, run_dir, resume=resume, on_event=on_event)
         except (TrainConfigError, DomainError, CheckpointError, EngineError, ValueError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     if rank != 0:
         return
     typer.echo(f"run folder: {result.run_dir}  (report: {result.run_dir / 'report.md'})")
