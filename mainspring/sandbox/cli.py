@@ -20,8 +20,8 @@ from mainspring.sandbox.errors import SandboxError, SandboxUnavailable
 
 sandbox_app = typer.Typer(help="Run untrusted code isolated: bubblewrap, cgroups, seccomp, Landlock.",
                           no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)  # notes and paths stay on one line whatever the terminal width
+err = Console(stderr=True, soft_wrap=True)
 
 
 

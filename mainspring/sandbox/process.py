@@ -13,12 +13,14 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import IO, Callable, Literal, Optional
 
 from mainspring.sandbox.cgroups import RunCgroup
 
 GATE = 'IFS= read -r _ || exit 125; exec "$@"'
 READ_CHUNK = 1 << 16
+# the limits the launcher itself enforces by killing the job; each is also a result.KilledBy
+LauncherKill = Literal["wall_time", "output", "cancelled"]
 
 
 @dataclass
@@ -34,7 +36,7 @@ class Exit:
     wall_s: float
     cpu_s: float  # from the kernel's rusage of the tree (waited descendants)
     max_rss: int  # bytes, largest single process
-    reason: Optional[str]  # why the launcher killed it: wall_time, output, cancelled
+    reason: Optional[LauncherKill]  # why the launcher killed it, None if it did not
     stdout: Capture
     stderr: Capture
 
@@ -43,13 +45,15 @@ class JobProcess:
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, pass_fds: tuple[int, ...],
                  uid: int | None, cgroup: RunCgroup | None, output_limit: int, stdin: bytes | None):
         self.cgroup = cgroup
-        self._reason: Optional[str] = None
+        self._reason: Optional[LauncherKill] = None
         self._lock = threading.Lock()
-        ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # user/group/extra_groups None: keep the launcher's own ids
             ["/bin/sh", "-c", GATE, "gate", *argv], env=env, cwd=cwd, pass_fds=pass_fds,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **ids,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            user=uid, group=uid, extra_groups=[] if uid is not None else None,
         )
+        assert self.proc.stdin is not None, "Popen(stdin=PIPE) always opens the pipe"
+        self._stdin_pipe: IO[bytes] = self.proc.stdin  # the gate's "go" line, then the job's stdin
         self._stdin = stdin or b""
         self.stdout, self.stderr = Capture(output_limit), Capture(output_limit)
 
@@ -58,7 +62,7 @@ class JobProcess:
         try:
             if self.cgroup:
                 self.cgroup.attach(self.proc.pid)
-            os.write(self.proc.stdin.fileno(), b"go\n")
+            os.write(self._stdin_pipe.fileno(), b"go\n")
         except BaseException:
             self.kill("cancelled")
             raise
@@ -120,16 +124,16 @@ class JobProcess:
     def _feed(self) -> None:
         try:
             if self._stdin:
-                self.proc.stdin.write(self._stdin)
+                self._stdin_pipe.write(self._stdin)
         except (BrokenPipeError, OSError):
             pass
         finally:
             try:
-                self.proc.stdin.close()
+                self._stdin_pipe.close()
             except OSError:
                 pass
 
-    def kill(self, reason: str) -> None:
+    def kill(self, reason: LauncherKill) -> None:
         with self._lock:
             if self._reason is None:
                 self._reason = reason

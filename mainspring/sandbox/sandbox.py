@@ -24,10 +24,11 @@ from mainspring.config import Settings, get_settings
 from mainspring.sandbox.bwrap import Mounts, bwrap_argv, shim_argv, write_etc
 from mainspring.sandbox.cgroups import CgroupLayout, RunCgroup, remove_stale
 from mainspring.sandbox.errors import SandboxError, SandboxUnavailable
-from mainspring.sandbox.host import Host, RuntimeMounts, runtime_mounts
+from mainspring.sandbox.host import Host
 from mainspring.sandbox.process import Exit, run_job
 from mainspring.sandbox.profiles import MIB, Profile, load_profiles
-from mainspring.sandbox.result import Result
+from mainspring.sandbox.result import KilledBy, Result
+from mainspring.sandbox.runtime import RuntimeMounts, RuntimeStage, remove_stage, runtime_mounts
 from mainspring.sandbox.seccomp import bpf_fd
 from mainspring.sandbox.workspace import FileData, Workspace
 
@@ -60,14 +61,14 @@ class Sandbox:
         with self._prepare_lock:
             if self._prepared:
                 return
-            self.host = Host.detect(self.settings.sandbox_bwrap)
-            problems = self.host.missing()
+            host = self.host = Host.detect(self.settings.sandbox_bwrap)
+            problems = host.missing()
             if problems and not self.insecure:
                 raise SandboxUnavailable(
                     "cannot isolate jobs on this host: " + "; ".join(problems)
                     + ". (For development only, MAINSPRING_SANDBOX_INSECURE_LOCAL=1 runs jobs without isolation.)")
-            self._lay_out_root()
-            self.runtime = runtime_mounts(unprivileged_uid=self.host.is_root)
+            self._lay_out_root(host)
+            self.runtime = runtime_mounts(unprivileged_uid=host.is_root)
             self.cgroups = self._usable_cgroups() if not self.insecure else CgroupLayout()
             self._prepared = True
         if not self.insecure:
@@ -78,16 +79,16 @@ class Sandbox:
                 raise SandboxUnavailable(f"bubblewrap cannot start a sandbox here (are user namespaces "
                                          f"disabled?): {probe.stderr.strip() or f'exit {probe.exit_code}'}")
 
-    def _lay_out_root(self) -> None:
+    def _lay_out_root(self, host: Host) -> None:
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        if self.host.is_root:
+        if host.is_root:
             os.chown(self.root, 0, 0)
             os.chmod(self.root, 0o711)
             parent_ok = all(os.stat(p).st_mode & 0o001 for p in self.root.resolve().parents)
             if not parent_ok:
                 raise SandboxUnavailable(f"sandbox uids cannot reach {self.root}: set MAINSPRING_SANDBOX_DIR "
                                          "to a directory whose parents are world-traversable (e.g. under /tmp)")
-        for sub in ("ws", "slots"):
+        for sub in ("ws", "slots", "rt"):
             (self.root / sub).mkdir(mode=0o711, exist_ok=True)
         write_etc(self.root / "etc")
         shim = self.root / "shim.py"
@@ -97,13 +98,18 @@ class Sandbox:
             tmp.write_bytes(source)
             os.chmod(tmp, 0o644)
             tmp.replace(shim)
-        self._remove_stale_workspaces()
+        self._remove_stale_runs()
 
-    def _remove_stale_workspaces(self) -> None:
-        for ws in (self.root / "ws").iterdir():
-            owner = ws.name.split("-", 1)[0]
-            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                Workspace(ws, 0, None, None, use_tmpfs=os.path.ismount(ws)).destroy()
+    def _remove_stale_runs(self) -> None:
+        """Workspaces and runtime stages left by launcher processes that died mid-run."""
+        def dead(run_dir: Path) -> bool:
+            owner = run_dir.name.split("-", 1)[0]
+            return owner.isdigit() and not Path(f"/proc/{owner}").exists()
+
+        for ws in filter(dead, (self.root / "ws").iterdir()):
+            Workspace(ws, 0, None, None, use_tmpfs=os.path.ismount(ws)).destroy()
+        for stage in filter(dead, (self.root / "rt").iterdir()):
+            remove_stage(stage)
 
     def _usable_cgroups(self) -> CgroupLayout:
         layout = CgroupLayout.detect()
@@ -176,11 +182,17 @@ class Sandbox:
 
     def _run_in_slot(self, slot: int, argv: list[str], files: dict[str, FileData], prof: Profile,
                      stdin: bytes | None, cancel: threading.Event | None) -> Result:
+        host = self.host
+        if host is None:  # run() prepares first; a caller that skipped it gets told, not an AttributeError
+            raise SandboxError("the sandbox is not prepared: call prepare() before running in a slot")
         run_id = f"{os.getpid()}-{slot}-{next(self._ids)}"
         uid = self.slot_uid(slot)
         workspace = Workspace(self.root / "ws" / run_id, prof.workspace_mb, uid, uid,
-                              use_tmpfs=self.host.is_root and not self.insecure)
+                              use_tmpfs=host.is_root and not self.insecure)
         cgroup = RunCgroup(self.cgroups, run_id) if self.cgroups.home("memory") or self.cgroups.home("pids") else None
+        # a slot uid may not traverse to the runtime (a checkout under a 0700 home): bridge it (runtime.py)
+        bridged = prof.runtime and bool(self.runtime.binds)
+        stage = RuntimeStage(self.root / "rt" / run_id, uid) if uid is not None and bridged else None
         workspace.create()
         seccomp = [-1]  # our copy closes once the job has started; the child holds its own
 
@@ -194,19 +206,21 @@ class Sandbox:
             if cgroup:
                 cgroup.create(prof.memory_bytes, prof.pids, prof.cpus)
             by_rlimit = cgroup is None or not cgroup.limits_memory
-            mounts = Mounts(self.root / "etc", self.root / "shim.py", self.runtime.binds, self.runtime.path_prefix)
+            binds = stage.bind(self.runtime.binds) if stage else self.runtime.binds
+            mounts = Mounts(self.root / "etc", self.root / "shim.py", binds, self.runtime.path_prefix)
             if self.insecure:
                 log.warning("sandbox: INSECURE_LOCAL run, not isolated: %s", argv)
-                job_argv = shim_argv(prof, self.host.system_python or "python3", mounts, argv, by_rlimit,
+                job_argv = shim_argv(prof, host.system_python or "python3", mounts, argv, by_rlimit,
                                      landlock=False, shim_path=str(mounts.shim))
                 env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workspace.path), "LANG": "C.UTF-8",
                        "TMPDIR": str(workspace.path), **prof.env}
                 pass_fds: tuple[int, ...] = ()
             else:
+                if host.bwrap is None or host.system_python is None:  # prepare() refused such a host already
+                    raise SandboxUnavailable("cannot isolate jobs on this host: " + "; ".join(host.missing()))
                 seccomp[0] = bpf_fd()
-                inner = shim_argv(prof, self.host.system_python, mounts, argv, by_rlimit)
-                job_argv = bwrap_argv(self.host.bwrap, self.host.bwrap_version, prof, workspace.path, mounts,
-                                      seccomp[0], inner)
+                inner = shim_argv(prof, host.system_python, mounts, argv, by_rlimit)
+                job_argv = bwrap_argv(host.bwrap, host.bwrap_version, prof, workspace.path, mounts, seccomp[0], inner)
                 env = {"PATH": "/usr/bin:/bin"}  # bwrap's own init keeps this environment: nothing secret in it
                 pass_fds = (seccomp[0],)
             exit = run_job(job_argv, env=env, cwd=str(workspace.path), pass_fds=pass_fds, uid=uid, cgroup=cgroup,
@@ -218,6 +232,8 @@ class Sandbox:
             if cgroup:
                 cgroup.kill()
                 cgroup.remove()
+            if stage:
+                stage.remove()
             workspace.destroy()
 
     def _result(self, exit: Exit, prof: Profile, cgroup: RunCgroup | None, workspace: Workspace,
@@ -228,14 +244,14 @@ class Sandbox:
         stats = cgroup.stats() if cgroup else None
         cpu_s = stats.cpu_s if stats and stats.cpu_s else exit.cpu_s
         # only a memory cgroup measures the job alone: rusage's max RSS counts the launcher's forked copy
-        peak = stats.peak_memory if stats and cgroup.limits_memory else 0
+        peak = stats.peak_memory if stats and cgroup and cgroup.limits_memory else 0
         out = workspace.collect(inputs, prof.collect_mb * MIB)
         limits: list[str] = list(out.limits)
         if stats and stats.pids_refused:
             limits.append("pids")
         if code == -signal.SIGXFSZ or out.largest >= prof.file_size_mb * MIB:
             limits.append("file_size")
-        killed_by = exit.reason
+        killed_by: KilledBy | None = exit.reason
         if killed_by is None and stats and stats.oom_kills:
             killed_by = "memory"
         elif killed_by is None and (code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_s >= prof.cpu_s)):

@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Sequence
 
 # x86_64 / aarch64 share these numbers (generic syscall table)
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -61,7 +62,7 @@ def _handled_fs(abi: int) -> int:
     return rights
 
 
-def apply_landlock(read_only: list[str], read_write: list[str], list_only: list[str] = ()) -> int:
+def apply_landlock(read_only: Sequence[str], read_write: Sequence[str], list_only: Sequence[str] = ()) -> int:
     """Allow-list the filesystem, deny TCP and scope signals/abstract sockets; returns the ABI used (0 = none)."""
     abi = landlock_abi()
     if abi == 0:

@@ -13,7 +13,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Protocol, Tuple
 
 MAX_DEPTH = 64  # directory levels below the workspace that are read back
 MAX_ENTRIES = 20_000  # files and directories looked at (a tmpfs workspace holds 16384 inodes)
@@ -40,7 +40,15 @@ def shown_name(parts: tuple[str, ...]) -> str:
     return os.fsencode("/".join(parts)).decode("utf-8", "backslashreplace")
 
 
-_Level = Tuple[int, Iterator[os.DirEntry], Tuple[str, ...]]  # a directory's descriptor, its entries, its path
+class _Entries(Protocol):
+    """What os.scandir returns (its class is private): entries, and a close that frees the descriptor now."""
+
+    def __next__(self) -> os.DirEntry[str]: ...
+
+    def close(self) -> None: ...
+
+
+_Level = Tuple[int, _Entries, Tuple[str, ...]]  # a directory's descriptor, its entries, its path
 
 
 def list_files(root: Path, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES) -> Tree:

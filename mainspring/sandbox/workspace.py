@@ -7,20 +7,16 @@ iteratively, within depth and entry limits, with file names that are not UTF-8 e
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Union
 
 from mainspring.sandbox.errors import SandboxError
+from mainspring.sandbox.mounts import detach, mount_tmpfs
 from mainspring.sandbox.tree import list_files, read_file, remove_tree
 
-MS_NOSUID, MS_NODEV = 2, 4
-MNT_DETACH = 2
 FileData = Union[bytes, str]
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def safe_relpath(name: str) -> str:
@@ -53,14 +49,14 @@ class Workspace:
         self.path.mkdir(mode=0o700, parents=False, exist_ok=False)
         if self.use_tmpfs:
             owner = f",uid={self.uid},gid={self.gid}" if self.uid is not None else ""
-            options = f"size={self.size_mb}m,nr_inodes=16384,mode=0700{owner}".encode()
-            if _libc.mount(b"tmpfs", str(self.path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
-                err = ctypes.get_errno()
+            try:
+                mount_tmpfs(self.path, f"size={self.size_mb}m,nr_inodes=16384,mode=0700{owner}")
+            except OSError:
                 self.path.rmdir()
-                raise OSError(err, f"mount tmpfs on {self.path}: {os.strerror(err)}")
+                raise
             self.mounted = True
         elif self.uid is not None:
-            os.chown(self.path, self.uid, self.gid)
+            os.chown(self.path, self.uid, self._chown_gid)
 
     def write_inputs(self, files: Mapping[str, FileData]) -> dict[str, bytes]:
         """Copy the job's inputs in; returns them as bytes by normalised path (to tell outputs from inputs)."""
@@ -91,7 +87,11 @@ class Workspace:
 
     def _own(self, path: Path) -> None:
         if self.uid is not None:
-            os.chown(path, self.uid, self.gid, follow_symlinks=False)
+            os.chown(path, self.uid, self._chown_gid, follow_symlinks=False)
+
+    @property
+    def _chown_gid(self) -> int:
+        return -1 if self.gid is None else self.gid  # -1: os.chown leaves the group as it is
 
     def collect(self, inputs: Mapping[str, bytes], cap_bytes: int) -> Collected:
         """New or changed regular files, in path order, until the byte cap; the rest are named as omitted."""
@@ -113,7 +113,7 @@ class Workspace:
 
     def destroy(self) -> None:
         if self.mounted:
-            if _libc.umount2(str(self.path).encode(), MNT_DETACH) == 0:
+            if detach(self.path):
                 self.mounted = False
         if not self.mounted:
             remove_tree(self.path)

@@ -31,8 +31,8 @@ def test_cancel_kills_a_sandboxed_infinite_loop(tmp_path, db_url, sandbox):
         finally:
             await rt.stop()
 
-    done, took = asyncio.run(body())
-    assert done.status == "cancelled" and done.stop_reason == "cancelled" and took < 10
+    done, _ = asyncio.run(body())
+    assert done.status == "cancelled" and done.stop_reason == "cancelled"
     [call] = rt.steps(run.id)[0]["tool_calls"]
     assert call["status"] == "cancelled"
     if sandbox.host.is_root:
