@@ -20,6 +20,7 @@ tok/s = generated tokens / wall time of the call).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -52,7 +53,7 @@ def build_engine(name: str, threads: int):
     s = get_settings().model_copy(update={"threads": threads})
     if name == "plain":
         return LLMEngine.from_settings(s)
-    return build_fast_engine(s, speculative="off" if name == "int4" else None)
+    return build_fast_engine(s.model_copy(update={"fast_speculative": "off"}) if name == "int4" else s)
 
 
 def child(name: str, threads: int, repeats: int, prompt: str) -> dict:
@@ -84,7 +85,7 @@ def child(name: str, threads: int, repeats: int, prompt: str) -> dict:
         stats = engine.stats()
         if "spec_draft_tokens" in stats:
             extra["spec_acceptance"] = round(stats["spec_accepted_tokens"] / max(1, stats["spec_draft_tokens"]), 3)
-        extra["speculative"] = engine.config.speculative
+        extra["speculative"] = dataclasses.asdict(engine.config.speculative) if engine.config.speculative else None
         extra["quantization"] = getattr(engine.config, "quantization", None)
     return dict(engine=name, runs=[round(r, 1) for r in runs], rate=round(statistics.median(runs), 1),
                 tokens=tokens, peak_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), **extra)

@@ -111,14 +111,14 @@ def section_decode(engine, lengths: list[int], window: int, steps: int) -> dict:
 def section_kvquant(loaded, ids: list[int], hot: int, threads: int) -> dict:
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
-    from mainspring.engine.kv_policy import KVPolicy
+    from mainspring.engine.kv_policy import KVPolicy, KVPolicyConfig
     from mainspring.engine.kv_quant import ColdKVStore
     from mainspring.engine.perplexity import perplexity
 
     out = {"tokens": len(ids), "hot_tokens": hot, "rows": []}
     base = None
     for bits in (None, 8, 4):
-        policy_cfg = {"bits": bits} if bits else None
+        policy_cfg = KVPolicyConfig(cold_bits=bits) if bits else None
         eng = LLMEngine(loaded, EngineConfig(kv_cache_mb=512, threads=threads, kv_policy=policy_cfg))
         policy = KVPolicy(hot_tokens=hot) if bits else None
         t = time.perf_counter()

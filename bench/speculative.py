@@ -91,8 +91,9 @@ def run_one(loaded, spec: dict | None, prompt: list[int], max_tokens: int) -> di
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
     from mainspring.engine.params import SamplingParams
+    from mainspring.engine.speculative import SpeculativeConfig
 
-    engine = LLMEngine(loaded, EngineConfig(kv_cache_mb=256, speculative=spec))
+    engine = LLMEngine(loaded, EngineConfig(kv_cache_mb=256, speculative=SpeculativeConfig(**spec) if spec else None))
     engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))
     t0 = time.perf_counter()
     first = steps = 0.0

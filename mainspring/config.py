@@ -35,11 +35,13 @@ class Settings(BaseSettings):
                                   "<data_dir>/cache/kv: evicted KV blocks are reloaded instead of recomputed, "
                                   "and the cache survives a restart; 0 = off")
     quantization: str = Field("", description="weights of the standard engine: '' (fp32) or 'int4'")
-    speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3'")
+    speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "
+                             "'draft:layers=20,k=4' or a JSON object (engine/speculative.py); empty = off")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "
                            "'hot=256,bits=8' (engine/kv_policy.py); empty = dense fp32")
     fast_variant: bool = Field(True, description="serve '<model>-fast' on its own int4 + speculative engine")
-    fast_speculative: str = Field("ngram:k=5,n=3", description="speculative decoding of the -fast engine")
+    fast_speculative: str = Field("", description="speculative decoding of the -fast engine, as `speculative` or "
+                                  "'off'; empty = the measured default, n-gram k=5 n=3 (engine/fast_variant.py)")
 
     database_url: str = Field("", description="SQLAlchemy URL; empty = sqlite:///<data_dir>/mainspring.db")
     prices_file: str = Field("", description="price sheet YAML; empty = the built-in sheet")
@@ -99,6 +101,20 @@ class Settings(BaseSettings):
         return Path(self.finetuned_dir).expanduser() if self.finetuned_dir else self.data_dir / "finetuned"
 
 
-@lru_cache(maxsize=1)
 def get_settings() -> Settings:
+    """The settings of the current environment, built once per distinct environment: a process
+    reads its MAINSPRING_* variables once, and a test (or a CLI run) that changes them gets
+    settings that follow, never a stale copy. Treat the object as read-only: it is shared."""
+    return _settings_for(_environment())
+
+
+def _environment() -> tuple[tuple[str, str], ...]:
+    # what Settings() reads: the MAINSPRING_* variables (matched case-insensitively) and the
+    # variables behind the default data directory
+    return tuple(sorted((k, v) for k, v in os.environ.items()
+                        if k.upper().startswith("MAINSPRING_") or k in ("HOME", "XDG_DATA_HOME")))
+
+
+@lru_cache(maxsize=8)
+def _settings_for(environment: tuple[tuple[str, str], ...]) -> Settings:
     return Settings()

@@ -21,7 +21,7 @@ from mainspring.billing.prices import PriceError, usd_to_micro
 from mainspring.console import fail
 
 keys_app = typer.Typer(help="API keys: create (secret shown once), list, revoke.", no_args_is_help=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # notes stay on one line for a script or log reading them
 
 
 
@@ -152,7 +152,7 @@ def sim(
     from mainspring.billing.prices import load_price_sheet
     from mainspring.billing.simulator import simulate
     from mainspring.billing.trace import TraceError, read_trace
-    from mainspring.config import Settings
+    from mainspring.config import get_settings
 
     unknown = [p for p in policy if p not in POLICIES]
     if unknown:
@@ -162,7 +162,7 @@ def sim(
              for p in names]
     try:
         requests = read_trace(trace)
-        sheet = load_price_sheet(prices or Settings().prices_file or None) if "kv_blocks" in names else None
+        sheet = load_price_sheet(prices or get_settings().prices_file or None) if "kv_blocks" in names else None
         result = simulate(requests, specs, sheet)
         proposals = advise(requests, result, sheet)
     except (TraceError, PriceError, ValueError) as exc:

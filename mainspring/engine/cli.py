@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TypedDict
 
 import typer
 from rich.console import Console
@@ -20,6 +20,14 @@ from mainspring.console import fail
 err = Console(stderr=True)
 
 
+class ScoredRun(TypedDict):
+    """One row of the table (and of --json's "runs")."""
+
+    policy: str
+    tokens: int
+    ppl: float
+    peak_kv_mb: float
+    seconds: float
 
 
 _FLAGS = {"attention_window": "--window", "attention_sinks": "--sinks", "kv_hot_tokens": "--hot"}
@@ -39,7 +47,7 @@ def perplexity_cmd(
     """Perplexity of FILE under a KV policy, through the engine's own KV path."""
     from mainspring.engine.engine import LLMEngine
     from mainspring.engine.errors import EngineError
-    from mainspring.engine.kv_policy import KVPolicy
+    from mainspring.engine.kv_policy import KVPolicy, KVPolicyConfig
     from mainspring.engine.perplexity import perplexity
 
     try:
@@ -52,13 +60,13 @@ def perplexity_cmd(
         fail("--chunk must be at least 1")
     with err.status("loading model"):
         try:
-            engine = LLMEngine.from_settings(kv_policy={"bits": bits} if hot else None)
+            engine = LLMEngine.from_settings(kv_policy=KVPolicyConfig(cold_bits=bits) if hot else None)
         except EngineError as exc:
             fail(str(exc))
     ids = engine.tokenizer.encode(text)[:tokens]
     if len(ids) < 2:
         fail(f"{file}: fewer than two tokens to score")
-    runs = []
+    runs: list[tuple[str, KVPolicy | None, list[int]]] = []
     try:
         policy = None if window is None and hot is None else \
             KVPolicy(window=window, sink_tokens=sinks, hot_tokens=hot).validate(engine.config.block_size)
@@ -70,12 +78,13 @@ def perplexity_cmd(
         name = "dense fp32" if policy is None else ", ".join(
             p for p in (f"window {window} + {sinks} sinks" if window else "", f"hot {hot}, int{bits} cold" if hot else "") if p)
         runs.append((name, policy, ids))
-        rows = []
+        rows: list[ScoredRun] = []
         for name, pol, part in runs:
             start = time.perf_counter()
-            r = perplexity(engine, part, pol, chunk=chunk, progress=not as_json)
-            rows.append({"policy": name, "tokens": len(part), "ppl": round(r.ppl(), 4),
-                         "peak_kv_mb": round(r.kv_bytes_peak / 2**20, 1), "seconds": round(time.perf_counter() - start, 1)})
+            result = perplexity(engine, part, pol, chunk=chunk, progress=not as_json)
+            rows.append({"policy": name, "tokens": len(part), "ppl": round(result.ppl(), 4),
+                         "peak_kv_mb": round(result.kv_bytes_peak / 2**20, 1),
+                         "seconds": round(time.perf_counter() - start, 1)})
     except EngineError as exc:  # name the flags, not the request fields they stand for
         msg = str(exc)
         for field, flag in _FLAGS.items():

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the option modules import torch and the model (which imports this module)
+    from mainspring.config import Settings
+    from mainspring.engine.kv_policy import KVPolicyConfig
+    from mainspring.engine.speculative import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -48,38 +53,40 @@ class EngineConfig:
     threads: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     # weight quantization (engine/quant.py), fp32 when None; "int4": group-wise int4 weight-only
-    # linears, quantized once and cached under Settings().cache_dir/quant
+    # linears, quantized once and cached under Settings.cache_dir/quant
     quantization: str | None = None
     quant_group_size: int = 32  # see quant.DEFAULT_GROUP_SIZE
-    # speculative decoding (engine/speculative.py), off when None: {"method": "ngram", "k": 10, "n": 3}
-    # or {"method": "draft", "layers": 20, "k": 4} (the values shown are the defaults)
-    speculative: dict[str, Any] | None = None
-    # KV policy default of every request (engine/kv_policy.py), dense fp32 when None:
-    # {"window": 1024, "sinks": 4} bounds KV by a sliding window + attention sinks;
-    # {"hot": 256, "bits": 8} keeps the last 256 tokens fp32 and quantizes older blocks (cold tier).
-    # "bits" alone builds the cold tier for requests that ask for it (kv_hot_tokens).
-    kv_policy: dict[str, Any] | None = None
+    # speculative decoding (engine/speculative.py), off when None: SpeculativeConfig("ngram") or
+    # SpeculativeConfig("draft", layers=20)
+    speculative: SpeculativeConfig | None = None
+    # KV policy default of every request and the cold tier (engine/kv_policy.py), dense fp32 when
+    # None: KVPolicyConfig(KVPolicy(window=1024)) bounds KV by a sliding window + attention sinks;
+    # KVPolicyConfig(KVPolicy(hot_tokens=256)) keeps the last 256 tokens fp32 and quantizes older
+    # blocks (int8 cold tier); KVPolicyConfig(cold_bits=4) alone builds the cold tier for requests
+    # that ask for it (kv_hot_tokens).
+    kv_policy: KVPolicyConfig | None = None
     # longest sequence a windowed request may reach (its KV stays bounded; RoPE goes past training)
     max_window_model_len: int = 1 << 20
     # disk tier of the prefix cache (engine/kv_offload.py), off at 0: evicted prefix blocks are
     # written there and reloaded on reuse, and the cache survives a restart (flush_kv_cache)
     kv_disk_cache_mb: int = 0
-    kv_disk_dir: str | None = None  # None = Settings().cache_dir / "kv"
+    kv_disk_dir: str | None = None  # None = Settings.cache_dir / "kv"
 
     @classmethod
-    def from_settings(cls, s: Any) -> "EngineConfig":
-        """The engine options the `Settings` (MAINSPRING_* variables) ask for."""
-        from mainspring.engine.kv_policy import parse_kv_policy
-        from mainspring.engine.speculative import parse_speculative  # it imports the model; config must not
+    def from_settings(cls, s: Settings) -> EngineConfig:
+        """The engine options the `Settings` (MAINSPRING_* variables) ask for: where their text is
+        parsed, so a bad value fails here with the option's name."""
+        from mainspring.engine.kv_policy import KVPolicyConfig
+        from mainspring.engine.speculative import SpeculativeConfig
 
         return cls(
             block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
             max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
-            speculative=parse_speculative(getattr(s, "speculative", None)),
-            quantization=parse_quantization(getattr(s, "quantization", None)),
-            kv_policy=parse_kv_policy(getattr(s, "kv_policy", None)),
-            kv_disk_cache_mb=getattr(s, "kv_disk_cache_mb", 0),
+            speculative=SpeculativeConfig.parse(s.speculative),
+            quantization=parse_quantization(s.quantization),
+            kv_policy=KVPolicyConfig.parse(s.kv_policy),
+            kv_disk_cache_mb=s.kv_disk_cache_mb,
             # these settings' data dir, not the environment's (create_app may be given its own)
             kv_disk_dir=str(s.cache_dir / "kv"),
         )

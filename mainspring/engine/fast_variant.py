@@ -8,48 +8,45 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 from mainspring.config import Settings, get_settings
 from mainspring.engine.config import EngineConfig
 from mainspring.engine.engine import LLMEngine
 from mainspring.engine.loader import LoadedModel, load_model
+from mainspring.engine.speculative import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
 FAST_SUFFIX = "-fast"
 FAST_QUANTIZATION = "int4"
-# Speculative decoding for the fast variant (engine/speculative.py syntax; "off" disables it);
-# the MAINSPRING_FAST_SPECULATIVE setting overrides it once Settings has the field. Prompt lookup
+# Speculative decoding for the fast variant when MAINSPRING_FAST_SPECULATIVE is empty. Prompt lookup
 # (n-gram) measured 2x over int4 alone on the single-stream bench (1 thread, loaded machine); the
 # layer-skip draft model was slower than none (two thirds of the model per draft token). k=5 keeps
 # verification (k + 1 rows) on the int4 kernel (quant.KERNEL_MAX_ROWS).
-FAST_SPECULATIVE = "ngram:k=5,n=3"
+FAST_SPECULATIVE = SpeculativeConfig("ngram", k=5, n=3)
 # Compiling the decode step is not part of the fast variant: torch.compile costs 10-80 s per shape
 # and at 2 threads under load its graphs ran slower than eager (shared/notes/engine.md section 4).
 FAST_COMPILE_DECODE = False
 
 
-def fast_engine_config(settings: Settings | None = None, speculative: str | None = None) -> EngineConfig:
+def fast_engine_config(settings: Settings | None = None) -> EngineConfig:
     """The plain engine's options from `settings`, plus int4 weights and speculative decoding
-    (`speculative` overrides the setting / FAST_SPECULATIVE; "off" turns it off)."""
-    from mainspring.engine.speculative import parse_speculative
-
+    (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty; "off" turns it off)."""
     s = settings or get_settings()
-    spec: Any = speculative or getattr(s, "fast_speculative", None) or FAST_SPECULATIVE
-    return dataclasses.replace(EngineConfig.from_settings(s), quantization=FAST_QUANTIZATION,
-                               speculative=parse_speculative(spec))
+    spec = SpeculativeConfig.parse(s.fast_speculative) if s.fast_speculative.strip() else FAST_SPECULATIVE
+    return dataclasses.replace(EngineConfig.from_settings(s), quantization=FAST_QUANTIZATION, speculative=spec)
 
 
-def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None,
-                      speculative: str | None = None) -> LLMEngine:
+def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None) -> LLMEngine:
     """The `-fast` engine. Pass the plain engine's `LoadedModel` to share its tokenizer and fp32
     tensors (embeddings, norms); the int4 weights come from the disk cache after the first start."""
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
-    config = fast_engine_config(s, speculative)
+    config = fast_engine_config(s)
     engine = LLMEngine(loaded, config)
     engine.name = loaded.name + FAST_SUFFIX
+    report = engine.quant_report
+    assert report is not None  # the config asks for FAST_QUANTIZATION, so the engine quantized
     log.info("fast variant ready: %s (int4: %d linears, speculative %s)", engine.name,
-             len(engine.quant_report.quantized), config.speculative)
+             len(report.quantized), config.speculative)
     return engine

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Self
 
 import torch
 
@@ -112,44 +112,53 @@ def snap_plan(policy: KVPolicy, block_table: list[int], cold: Mapping[int, int],
     """SnapKV's eviction: the prompt blocks to release, given the attention mass `scores` that the
     prompt's last queries gave each key (at `key_pos`). Keeps the sink block, the blocks of the
     observation window and the partial last block, then the most-attended blocks up to the budget."""
-    bs = block_size
+    bs, budget = block_size, policy.snap_tokens
+    assert budget is not None  # the runner snaps only sequences whose policy has snap_tokens
     held = [i for i in range(len(block_table)) if block_table[i] >= 0 or i in cold]
     mass = torch.zeros(len(block_table)).index_add_(0, key_pos // bs, scores)
     keep = set(range(policy.sink_blocks(bs))) | set(range(max(0, (num_computed - SNAP_OBSERVE) // bs),
                                                           len(block_table)))
-    room = policy.snap_tokens // bs - sum(1 for i in held if i in keep)
+    room = budget // bs - sum(1 for i in held if i in keep)
     ranked = sorted((i for i in held if i not in keep), key=lambda i: -float(mass[i]))
     return sorted(ranked[max(room, 0):])
 
 
-def parse_kv_policy(value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The settings knob: "" / "dense" -> None; a JSON object; or "window=1024,sinks=4,hot=256"."""
-    if value is None or isinstance(value, Mapping):
-        return dict(value) if value else None
-    value = value.strip()
-    if value.lower() in ("", "off", "none", "dense"):
-        return None
-    if value.startswith("{"):
-        out = dict(json.loads(value))
-    else:
-        out = {}
-        for opt in filter(None, (o.strip() for o in value.split(","))):
-            key, eq, val = opt.partition("=")
-            if not eq:
-                raise ValueError(f"kv policy option {opt!r} must be key=value (window, sinks, hot, bits)")
-            out[key.strip()] = int(val)
-    unknown = set(out) - {"window", "sinks", "hot", "bits", "snap"}
-    if unknown:
-        raise ValueError(f"unknown kv policy option(s) {sorted(unknown)}; known: window, sinks, hot, bits, snap")
-    if out.get("bits", 8) not in (4, 8):
-        raise ValueError("kv policy bits must be 8 or 4")
-    return out
+@dataclass(frozen=True)
+class KVPolicyConfig:
+    """The engine's KV policy: every request's default, and the precision of the cold tier that
+    kv_hot_tokens demotes into (None: no cold tier; a default with hot_tokens implies int8)."""
 
+    default: KVPolicy = KVPolicy()
+    cold_bits: int | None = None  # 8 | 4
 
-def engine_policy(cfg: Mapping[str, Any] | None) -> KVPolicy:
-    cfg = cfg or {}
-    return KVPolicy(window=cfg.get("window"), sink_tokens=cfg.get("sinks", DEFAULT_SINK_TOKENS),
-                    hot_tokens=cfg.get("hot"), snap_tokens=cfg.get("snap"))
+    def __post_init__(self) -> None:
+        if self.cold_bits is None and self.default.hot_tokens is not None:
+            object.__setattr__(self, "cold_bits", 8)
+        if self.cold_bits not in (None, 4, 8):
+            raise ValueError("kv policy bits must be 8 or 4")
+
+    @classmethod
+    def parse(cls, text: str) -> Self | None:
+        """The MAINSPRING_KV_POLICY syntax: "" / "dense" -> None; "window=1024,sinks=4,hot=256,bits=8"
+        (also snap); or a JSON object of those keys."""
+        text = text.strip()
+        if text.lower() in ("", "off", "none", "dense"):
+            return None
+        if text.startswith("{"):
+            options = dict(json.loads(text))
+        else:
+            options = {}
+            for opt in filter(None, (o.strip() for o in text.split(","))):
+                key, eq, val = opt.partition("=")
+                if not eq:
+                    raise ValueError(f"kv policy option {opt!r} must be key=value (window, sinks, hot, bits)")
+                options[key.strip()] = int(val)
+        unknown = set(options) - {"window", "sinks", "hot", "bits", "snap"}
+        if unknown:
+            raise ValueError(f"unknown kv policy option(s) {sorted(unknown)}; known: window, sinks, hot, bits, snap")
+        default = KVPolicy(window=options.get("window"), sink_tokens=options.get("sinks", DEFAULT_SINK_TOKENS),
+                           hot_tokens=options.get("hot"), snap_tokens=options.get("snap"))
+        return cls(default, options.get("bits"))
 
 
 def request_policy(default: KVPolicy, window: int | None, sinks: int | None, hot_tokens: int | None,

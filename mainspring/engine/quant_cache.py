@@ -123,7 +123,7 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
                         group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None) -> QuantReport | None:
     """What `EngineConfig.quantization` asks for: None leaves the model fp32; "int4" quantizes it
-    (cached under `cache_dir`, default Settings().cache_dir)."""
+    (cached under `cache_dir`, default get_settings().cache_dir)."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:

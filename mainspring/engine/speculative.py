@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from array import array
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping, Self
 
 import torch
 
@@ -44,36 +44,59 @@ from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
 
 METHODS = ("ngram", "draft")
+DEFAULT_K = {"ngram": 10, "draft": 4}  # most draft tokens verified per step, by method
+_OFF = ("", "off", "none", "0", "false")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
+    """How the engine speculates; validated when built, so a bad option fails at the edge."""
+
     method: str  # "ngram" | "draft"
-    k: int = 10  # most draft tokens verified per step (each sequence adapts below it)
+    # most draft tokens verified per step (each sequence adapts below it); None: DEFAULT_K[method],
+    # filled in when built, so a config always holds an int
+    k: int = None  # type: ignore[assignment]
     n: int = 3  # ngram: longest suffix looked up (then n - 1, ... 1)
     # draft: how many of the target's layers it runs (0: two thirds), the bottom half and the top
     # half of that count (the middle ones are skipped), or an explicit list of layer indices
     layers: int | tuple[int, ...] = 0
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SpeculativeConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown speculative option(s) {sorted(unknown)}; known: {sorted(known)}")
-        if d.get("method") not in METHODS:
-            raise ValueError(f"speculative method must be one of {METHODS}, got {d.get('method')!r}")
-        d = dict(d)
-        if isinstance(d.get("layers"), (list, tuple)):
-            d["layers"] = tuple(d["layers"])
-            if not d["layers"] or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in d["layers"]):
-                raise ValueError(f"speculative layers must be non-negative layer indices, got {list(d['layers'])}")
-        cfg = cls(**{"k": 10 if d["method"] == "ngram" else 4, **d})
-        for name in ("k", "n") + (("layers",) if isinstance(cfg.layers, int) else ()):
-            v = getattr(cfg, name)
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        if self.k is None:
+            object.__setattr__(self, "k", DEFAULT_K[self.method])
+        if isinstance(self.layers, (list, tuple)):
+            object.__setattr__(self, "layers", tuple(self.layers))
+            if not self.layers or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.layers):
+                raise ValueError(f"speculative layers must be non-negative layer indices, got {list(self.layers)}")
+        for name in ("k", "n") + (("layers",) if not isinstance(self.layers, tuple) else ()):
+            v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "layers" else 1):
                 raise ValueError(f"speculative {name} must be a positive integer, got {v!r}")
-        return cfg
+
+    @classmethod
+    def parse(cls, text: str) -> Self | None:
+        """The MAINSPRING_SPECULATIVE syntax: "" / "off" -> None; "ngram", "ngram:k=5,n=3",
+        "draft:layers=8,k=4"; or a JSON object of the fields."""
+        text = text.strip()
+        if text.lower() in _OFF:
+            return None
+        if text.startswith("{"):
+            options = dict(json.loads(text))
+        else:
+            method, _, opts = text.partition(":")
+            options = {"method": method.strip()}
+            for opt in filter(None, (o.strip() for o in opts.split(","))):
+                key, eq, val = opt.partition("=")
+                if not eq:
+                    raise ValueError(f"speculative option {opt!r} must be key=value")
+                options[key.strip()] = int(val)
+        known = {f.name for f in fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown speculative option(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(options.pop("method", None), **options)
 
     def draft_layers(self, num_layers: int) -> list[int]:
         """Indices of the target layers the draft runs. Skipping the middle keeps the top layers
@@ -87,27 +110,6 @@ class SpeculativeConfig:
         if idx[-1] >= num_layers:
             raise ValueError(f"draft layer {idx[-1]} does not exist: the model has {num_layers}")
         return idx
-
-
-def parse_speculative(value: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The settings knob: "" / "off" -> None; a JSON object; or "ngram", "ngram:k=5,n=3",
-    "draft:layers=8,k=4"."""
-    if value is None or isinstance(value, Mapping):
-        return dict(value) if value else None
-    value = value.strip()
-    if value.lower() in ("", "off", "none", "0", "false"):
-        return None
-    if value.startswith("{"):
-        return dict(json.loads(value))
-    method, _, opts = value.partition(":")
-    out: dict[str, Any] = {"method": method.strip()}
-    for opt in filter(None, (o.strip() for o in opts.split(","))):
-        key, eq, val = opt.partition("=")
-        if not eq:
-            raise ValueError(f"speculative option {opt!r} must be key=value")
-        out[key.strip()] = int(val)
-    SpeculativeConfig.from_dict(out)  # validate now, with the option names in the message
-    return out
 
 
 @dataclass

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event, or_, select
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,7 +37,7 @@ _lock = threading.Lock()
 
 
 def default_url(settings: Settings | None = None) -> str:
-    return (settings or Settings()).resolved_database_url()
+    return (settings or get_settings()).resolved_database_url()
 
 
 def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:
@@ -70,7 +70,7 @@ def make_engine(url: str, busy_timeout_s: float | None = None) -> Engine:
         db = u.database
         if db and db != ":memory:" and not db.startswith("file:"):
             Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        timeout_s = busy_timeout_s if busy_timeout_s is not None else Settings().db_busy_timeout_s
+        timeout_s = busy_timeout_s if busy_timeout_s is not None else get_settings().db_busy_timeout_s
         # timeout: seconds pysqlite waits on a lock while connecting (busy_timeout covers the rest)
         engine = create_engine(url, connect_args={"timeout": timeout_s, "check_same_thread": False})
         _sqlite_setup(engine, int(timeout_s * 1000))
@@ -98,7 +98,7 @@ def dispose_engines() -> None:
         _checked.clear()
 
 
-def is_sqlite(engine: Engine) -> bool:
+def is_sqlite(engine: Engine | Connection) -> bool:
     return engine.dialect.name == "sqlite"
 
 
@@ -168,7 +168,8 @@ def platform_db_files(settings: Settings | None = None) -> list[Path]:
     on, each with SQLite's companions (-wal, -shm, -journal)."""
     with _lock:
         urls = [e.url.render_as_string(hide_password=False) for e in _engines.values() if is_sqlite(e)]
-    paths = {sqlite_file(u) for u in [(settings or get_settings()).resolved_database_url(), *urls]} - {None}
+    found = (sqlite_file(u) for u in [(settings or get_settings()).resolved_database_url(), *urls])
+    paths = {p for p in found if p is not None}
     return [p.with_name(p.name + suffix) for p in paths for suffix in ("", "-wal", "-shm", "-journal")]
 
 
@@ -264,7 +265,7 @@ def cli_session(fail, *, readonly: bool = False):
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        url = Settings().resolved_database_url()
+        url = get_settings().resolved_database_url()
         init_db(url)
     except ValidationError as exc:
         fail(f"bad setting: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")

@@ -53,10 +53,11 @@ def test_bad_logit_bias(bias):
 def test_logit_bias_out_of_vocab_and_under_speculation(embedded, engine):
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.speculative import SpeculativeConfig
 
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         engine.add_request("hi", SamplingParams(logit_bias={10**7: 1.0}))
-    spec = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative={"method": "ngram", "k": 4, "n": 2}))
+    spec = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative=SpeculativeConfig("ngram", k=4, n=2)))
     ids = spec.tokenizer.encode(TEXT)
     plain = spec.generate(ids, SamplingParams(max_tokens=6, temperature=0))[0].token_ids
     banned = spec.generate(ids, SamplingParams(max_tokens=6, temperature=0, logit_bias={t: -100 for t in plain}))

@@ -10,7 +10,7 @@ import torch
 from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.engine import LLMEngine
 from mainspring.engine.errors import InvalidRequestError
-from mainspring.engine.kv_policy import KVPolicy, parse_kv_policy
+from mainspring.engine.kv_policy import KVPolicy, KVPolicyConfig
 from mainspring.engine.loader import LoadedModel
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.perplexity import perplexity
@@ -87,9 +87,13 @@ def test_bad_policies_are_clear_errors(engine):
     with pytest.raises(InvalidRequestError, match="non-negative"):
         SamplingParams(attention_window=-1)
     with pytest.raises(ValueError, match="unknown kv policy"):
-        parse_kv_policy("windw=4")
-    assert parse_kv_policy("window=1024,sinks=4") == {"window": 1024, "sinks": 4}
-    assert parse_kv_policy("dense") is None
+        KVPolicyConfig.parse("windw=4")
+    with pytest.raises(ValueError, match="bits must be 8 or 4"):
+        KVPolicyConfig.parse("hot=256,bits=2")
+    assert KVPolicyConfig.parse("window=1024,sinks=4") == KVPolicyConfig(KVPolicy(window=1024, sink_tokens=4))
+    assert KVPolicyConfig.parse("hot=256").cold_bits == 8  # a hot span needs a cold tier: int8 unless told
+    assert KVPolicyConfig.parse('{"bits": 4}') == KVPolicyConfig(cold_bits=4)
+    assert KVPolicyConfig.parse("dense") is None
 
 
 def tiny_model(embedded, context: int) -> LoadedModel:
@@ -152,7 +156,7 @@ def test_cold_tier_keeps_perplexity_and_cuts_kv_memory(embedded, bits, max_chang
     """Older blocks quantized (KIVI layout), the last 128 tokens fp32: the targets of the issue
     (int8 <= 0.5%, int4 <= 3% perplexity increase) on 1,024 tokens, with a fraction of the KV."""
     ids = text_ids(embedded, 1024)
-    eng = LLMEngine(embedded, EngineConfig(kv_cache_mb=96, kv_policy={"bits": bits}))
+    eng = LLMEngine(embedded, EngineConfig(kv_cache_mb=96, kv_policy=KVPolicyConfig(cold_bits=bits)))
     dense = perplexity(eng, ids)
     cold = perplexity(eng, ids, KVPolicy(hot_tokens=128), chunk=32)
     assert abs(cold.ppl() / dense.ppl() - 1) <= max_change
@@ -162,7 +166,7 @@ def test_cold_tier_keeps_perplexity_and_cuts_kv_memory(embedded, bits, max_chang
 
 
 def test_generation_with_a_cold_tier_frees_both_tiers(embedded):
-    eng = LLMEngine(embedded, EngineConfig(kv_cache_mb=96, kv_policy={"bits": 8}))
+    eng = LLMEngine(embedded, EngineConfig(kv_cache_mb=96, kv_policy=KVPolicyConfig(cold_bits=8)))
     store = eng.runner.cold_store
     prompt = LICENSE.read_text()[:2500]
     params = SamplingParams(temperature=0, max_tokens=40, kv_hot_tokens=64)
@@ -208,7 +212,7 @@ def test_snapkv_keeps_the_block_a_question_needs(engine, embedded):
 def test_mixed_policies_in_one_batch_finish_and_free_every_tier(embedded):
     """Window + cold tier, SnapKV + cold tier, SnapKV sampled and dense, batched in one engine with
     small chunks: all finish, and both the hot pool and the cold store are whole afterwards."""
-    eng = LLMEngine(tiny_model(embedded, 512), EngineConfig(kv_cache_mb=8, kv_policy={"bits": 4},
+    eng = LLMEngine(tiny_model(embedded, 512), EngineConfig(kv_cache_mb=8, kv_policy=KVPolicyConfig(cold_bits=4),
                                                             max_num_batched_tokens=64))
     prompt = [100 + (i * 13) % 700 for i in range(300)]
     params = [SamplingParams(temperature=0, max_tokens=80, ignore_eos=True, attention_window=96, kv_hot_tokens=48),

@@ -17,7 +17,7 @@ from mainspring.engine.sampler import Sampler
 from mainspring.engine.scheduler import Scheduler
 from mainspring.engine.sequence import Sequence
 from mainspring.engine.speculative import (
-    DraftView, NgramProposer, SpeculativeConfig, SpeculativeDecoder, parse_speculative, rejection_sample,
+    DraftView, NgramProposer, SpeculativeConfig, SpeculativeDecoder, rejection_sample,
 )
 
 
@@ -34,28 +34,33 @@ def p_value(observed: list[int], probs: list[float]) -> float:
 
 
 def test_settings_knob_parsing():
-    assert parse_speculative("") is None and parse_speculative("off") is None and parse_speculative(None) is None
-    assert parse_speculative("ngram") == {"method": "ngram"}
-    assert parse_speculative("ngram:k=5,n=2") == {"method": "ngram", "k": 5, "n": 2}
-    assert parse_speculative('{"method": "draft", "layers": [0, 1, 29]}') == {"method": "draft", "layers": [0, 1, 29]}
+    parse = SpeculativeConfig.parse
+    assert parse("") is None and parse("off") is None and parse(" none ") is None
+    assert parse("ngram") == SpeculativeConfig("ngram")
+    assert parse("ngram:k=5,n=2") == SpeculativeConfig("ngram", k=5, n=2)
+    assert parse('{"method": "draft", "layers": [0, 1, 29]}') == SpeculativeConfig("draft", layers=(0, 1, 29))
     with pytest.raises(ValueError, match="method"):
-        parse_speculative("medusa")
+        parse("medusa")
     with pytest.raises(ValueError, match="unknown speculative option"):
-        parse_speculative("ngram:depth=3")
+        parse("ngram:depth=3")
+    with pytest.raises(ValueError, match="key=value"):
+        parse("ngram:k")
     with pytest.raises(ValueError, match="positive"):
-        SpeculativeConfig.from_dict({"method": "ngram", "k": 0})
-    assert SpeculativeConfig.from_dict({"method": "ngram"}).k == 10
-    assert SpeculativeConfig.from_dict({"method": "draft"}).k == 4
+        SpeculativeConfig("ngram", k=0)
+    with pytest.raises(ValueError, match="non-negative layer indices"):
+        SpeculativeConfig("draft", layers=[0, -1])
+    assert SpeculativeConfig("ngram").k == 10
+    assert SpeculativeConfig("draft").k == 4
 
 
 def test_draft_layers_skip_the_middle():
-    cfg = SpeculativeConfig.from_dict({"method": "draft", "layers": 20})
+    cfg = SpeculativeConfig("draft", layers=20)
     assert cfg.draft_layers(30) == list(range(10)) + list(range(20, 30))
-    assert SpeculativeConfig.from_dict({"method": "draft", "layers": 5}).draft_layers(30) == [0, 1, 2, 28, 29]
-    assert SpeculativeConfig.from_dict({"method": "draft"}).draft_layers(30) == list(range(10)) + list(range(20, 30))
-    assert SpeculativeConfig.from_dict({"method": "draft", "layers": 30}).draft_layers(30) == list(range(30))
+    assert SpeculativeConfig("draft", layers=5).draft_layers(30) == [0, 1, 2, 28, 29]
+    assert SpeculativeConfig("draft").draft_layers(30) == list(range(10)) + list(range(20, 30))
+    assert SpeculativeConfig("draft", layers=30).draft_layers(30) == list(range(30))
     with pytest.raises(ValueError, match="does not exist"):
-        SpeculativeConfig.from_dict({"method": "draft", "layers": [0, 30]}).draft_layers(30)
+        SpeculativeConfig("draft", layers=[0, 30]).draft_layers(30)
 
 
 def test_guided_requests_fall_back_to_plain_decoding():
@@ -149,7 +154,7 @@ def test_sampled_match_uses_the_plain_samplers_noise_stream():
 
     for wrong_at in (None, 0, 2):
         sampler = Sampler()
-        dec = SpeculativeDecoder(SpeculativeConfig.from_dict({"method": "ngram"}), sampler)
+        dec = SpeculativeDecoder(SpeculativeConfig("ngram"), sampler)
         draft = list(plain[:5])
         if wrong_at is not None:
             draft[wrong_at] = (draft[wrong_at] + 1) % 50
@@ -192,7 +197,7 @@ def test_verification_equals_sequential_plain_sampling(temperature, wrong_at):
     if wrong_at is not None:
         draft[wrong_at] = 11 if draft[wrong_at] != 11 else 10
     sampler = Sampler([0])
-    dec = SpeculativeDecoder(SpeculativeConfig.from_dict({"method": "ngram"}), sampler)
+    dec = SpeculativeDecoder(SpeculativeConfig("ngram"), sampler)
     seq = fresh()
     seq.spec_token_ids = draft
     tokens, _ = dec.sample(logits, [seq], lambda seqs: None)
@@ -440,7 +445,7 @@ def test_ngram_greedy_is_token_identical_batched_chunked_and_preempted(embedded,
     # a small token budget chunks the copy prompt's prefill while the others decode and verify;
     # a pool of 14 blocks (224 tokens) for ~340 forces preemption with drafts in flight
     engine = LLMEngine(embedded, EngineConfig(num_blocks=14, max_num_batched_tokens=48,
-                                              speculative={"method": "ngram", "k": 6}))
+                                              speculative=SpeculativeConfig("ngram", k=6)))
     _same(engine.generate(prompts, _params()), plain_outputs)
     assert engine.scheduler.num_preemptions > 0
     assert [o.finish_reason for o in plain_outputs[5:]] == ["stop", "stop"]
@@ -454,7 +459,7 @@ def test_ngram_greedy_is_token_identical_batched_chunked_and_preempted(embedded,
 def test_draft_model_greedy_is_token_identical_batched(embedded, prompts, plain_outputs):
     from mainspring.engine.engine import LLMEngine
 
-    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative={"method": "draft", "k": 3}))
+    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative=SpeculativeConfig("draft", k=3)))
     _same(engine.generate(prompts, _params()), plain_outputs)
     assert engine.spec.num_accepted_tokens > 0
 
@@ -469,7 +474,7 @@ def test_blocks_hashed_during_verification_serve_later_requests(embedded, prompt
     longer = first.prompt_token_ids + first.token_ids[:30]
     params = SamplingParams(temperature=0.0, max_tokens=12)
     want = LLMEngine(embedded, EngineConfig(kv_cache_mb=64)).generate([longer], params)[0]
-    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative={"method": "ngram"}))
+    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative=SpeculativeConfig("ngram")))
     engine.generate([prompts[0]], _params()[0])
     got = engine.generate([longer], params)[0]
     assert got.usage.cached_tokens > len(first.prompt_token_ids)  # hit blocks of generated tokens
@@ -486,7 +491,7 @@ def test_seeded_sampling_with_ngram_drafts_is_identical_to_plain(embedded, promp
               SamplingParams(temperature=0.0, max_tokens=24)]
     batch = [prompts[0], prompts[2], prompts[1]]
     want = LLMEngine(embedded, EngineConfig(kv_cache_mb=64)).generate(batch, params)
-    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative={"method": "ngram"}))
+    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, speculative=SpeculativeConfig("ngram")))
     got = engine.generate(batch, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert engine.spec.num_accepted_tokens > 0
@@ -506,7 +511,7 @@ def test_draft_model_sampling_follows_the_target_distribution(embedded):
     # from p here (the draft agrees 12-40% of the time)
     n = 256
     engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, max_num_seqs=n, max_num_batched_tokens=4096,
-                                              speculative={"method": "draft", "k": 2}))
+                                              speculative=SpeculativeConfig("draft", k=2)))
     params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]
     outs = engine.generate([prompt] * n, params)
     assert engine.spec.num_draft_tokens > 0 and 0 < engine.spec.acceptance_rate < 1  # rejections happened
