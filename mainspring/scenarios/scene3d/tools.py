@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mainspring.agents.tools.base import Artifact, ToolContext, ToolError, ToolResult
+from mainspring.config import Settings
 from mainspring.scenes.schema import scene_json_schema
 from mainspring.scenes.validate import validate
 
@@ -145,3 +146,8 @@ def scene_render_tool() -> SceneTool:
 
 def scene_tools() -> list[SceneTool]:
     return [scene_validate_tool(), scene_render_tool()]
+
+
+def agent_tool_pack(settings: Settings) -> list[SceneTool]:
+    """This scenario's tools for every agent run: the `mainspring.agent_tools` entry point (pyproject.toml)."""
+    return scene_tools()

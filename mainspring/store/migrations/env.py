@@ -6,15 +6,15 @@ command pointed at this folder) a connection is made from `sqlalchemy.url`.
 """
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
-from mainspring.store.tables import Base
+from mainspring.schema import metadata  # every layer's tables: the one upward import store/ makes
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -32,5 +32,8 @@ if context.is_offline_mode():
 elif (conn := config.attributes.get("connection")) is not None:
     _run(conn)
 else:
-    with create_engine(config.get_main_option("sqlalchemy.url")).connect() as conn:
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:  # the `alembic` command run bare: name what is missing rather than fail inside SQLAlchemy
+        raise RuntimeError("no sqlalchemy.url: give alembic one, or migrate through mainspring.store.db.init_db")
+    with create_engine(url).connect() as conn:
         _run(conn)
