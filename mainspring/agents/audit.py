@@ -13,16 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mainspring.agents.tables import AuditRow
 
 GENESIS = "0" * 64
-# built once: constructing a statement per call costs more than running it
-_HEAD = (select(AuditRow.seq, AuditRow.hash).where(AuditRow.run_id == bindparam("run_id"))
-         .order_by(AuditRow.seq.desc()).limit(1))
-_INSERT = insert(AuditRow.__table__)
 
 
 def canonical(payload: Any) -> str:
@@ -35,18 +31,10 @@ def entry_hash(prev_hash: str, kind: str, created_at: str, payload_json: str) ->
 
 def link(run_id: str, prev_seq: int, prev_hash: str, kind: str, body: str) -> dict:
     """The row that follows (prev_seq, prev_hash) in a run's chain; `body` is the payload's canonical JSON.
-    (A loop's batched writes chain all entries of one transaction from one read of the head.)"""
+    (Entries are written by writes.Batch.audit: a batch chains all its entries from one read of the head.)"""
     created = datetime.now(timezone.utc).isoformat()
     return {"run_id": run_id, "seq": prev_seq + 1, "kind": kind, "payload_json": body, "created_at": created,
             "prev_hash": prev_hash, "hash": entry_hash(prev_hash, kind, created, body)}
-
-
-def append(s: Session, run_id: str, kind: str, payload: Any) -> AuditRow:
-    """Add an entry in the caller's transaction (which on SQLite holds the write lock: no interleaving)."""
-    last = s.execute(_HEAD, {"run_id": run_id}).first()
-    row = link(run_id, *(last if last else (0, GENESIS)), kind, canonical(payload))
-    s.execute(_INSERT, [row])
-    return AuditRow(**row)
 
 
 @dataclass

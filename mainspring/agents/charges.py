@@ -15,11 +15,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from mainspring.agents import audit, journal
 from mainspring.agents.tables import RunRow
+from mainspring.agents.writes import Batch
 from mainspring.billing.budgets import BudgetExceeded, Reservation, usd
 from mainspring.billing.metering import Meter
-from mainspring.store.db import session
 from mainspring.store.tables import ApiKey
 
 ENDPOINT = "agent.run"
@@ -95,8 +94,7 @@ def release(charge: Charge) -> None:
     charge.meter.release(charge.reservation)
 
 
-def note_refusal(db: str, run_id: str, exc: KeyBudgetExceeded) -> None:
+def note_refusal(batch: Batch, exc: KeyBudgetExceeded) -> None:
     """Journal why the run pauses (the pause itself is journal.park_run's, reason "budget")."""
-    with session(db) as s:
-        journal.event(s, run_id, "budget.exceeded", message=str(exc), **exc.detail)
-        audit.append(s, run_id, "budget.exceeded", {"message": str(exc), **exc.detail})
+    batch.event("budget.exceeded", message=str(exc), **exc.detail)
+    batch.audit("budget.exceeded", {"message": str(exc), **exc.detail})

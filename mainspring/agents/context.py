@@ -13,13 +13,10 @@ from dataclasses import dataclass
 
 from mainspring.agents.audit import canonical
 from mainspring.agents.journal import RunState
+from mainspring.agents.status import ANSWERED_CALLS, OPEN_CALLS
 
 CHARS_PER_TOKEN = 4  # estimate for deciding when to compact; real counts come back in usage
 SUMMARY_ITEM_CHARS = 240
-
-
-FINAL = ("completed", "failed", "rejected")  # calls whose result the model sees
-OPEN = ("pending", "approved", "running", "waiting_approval")  # calls whose result may still come
 
 
 @dataclass
@@ -70,6 +67,7 @@ def prefix(state: RunState) -> list[dict]:
 def _latest_compaction(state: RunState) -> tuple[str, int] | None:
     for step in reversed(state.steps):
         if step.kind == "compaction":
+            assert step.output_json is not None  # a compaction is journaled with its summary
             data = json.loads(step.output_json)
             return data["summary"], data["through_seq"]
     return None
@@ -90,7 +88,7 @@ def _settled_base(state: RunState) -> _Settled:
 def _add_step(prompt: Prompt, state: RunState, step) -> None:
     prompt.add(json.loads(step.output_json))
     for call in state.calls.get(step.id, []):
-        if call.result_json is not None and call.status in FINAL:
+        if call.result_json is not None and call.status in ANSWERED_CALLS:
             prompt.add({"role": "tool", "tool_call_id": call.id, "content": json.loads(call.result_json)["content"]})
 
 
@@ -101,7 +99,7 @@ def build_prompt(state: RunState) -> Prompt:
     while settled.upto < len(steps):  # settle what has finished since
         step = steps[settled.upto]
         if step.kind == "model" and step.seq > settled.through:
-            if any(c.status in OPEN for c in state.calls.get(step.id, [])):
+            if any(c.status in OPEN_CALLS for c in state.calls.get(step.id, [])):
                 break
             _add_step(settled.prompt, state, step)
         settled.upto += 1
@@ -137,6 +135,7 @@ def summarize(state: RunState) -> tuple[str, int]:
     fold = live[:-state.spec.limits.keep_recent_steps]
     lines = [previous] if previous else ["Summary of earlier steps (full record in the run's journal):"]
     for step in fold:
+        assert step.output_json is not None  # folded steps are older than the recent ones: all finished
         message = json.loads(step.output_json)
         if message.get("content"):
             lines.append(f"- step {step.seq}: said: {_clip(message['content'])}")

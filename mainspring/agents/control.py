@@ -4,40 +4,16 @@ raise a budget. Server-held state only: a decision is applied to the journal, ne
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 from sqlalchemy import select
 
-from mainspring.agents import audit
-from mainspring.agents.journal import JournalError, event, get_run, new_id, now
-from mainspring.agents.tables import InterruptRow, RunRow, TERMINAL, ToolCallRow
+from mainspring.agents.journal import JournalError, get_run, now
+from mainspring.agents.status import TERMINAL, InterruptStatus, RunStatus, ToolCallStatus
+from mainspring.agents.tables import InterruptRow, RunRow, ToolCallRow
+from mainspring.agents.writes import Batch, write_in
 from mainspring.store.db import session
 
 DECISIONS = ("approve", "reject", "edit")
-
-
-def open_interrupt(db: str, run_id: str, owner: str, call: ToolCallRow, kind: str, ttl_s: float | None,
-                   expiry_decision: str) -> str:
-    """Park the run until a human decides on `call` (kind: approval | in_flight)."""
-    from mainspring.agents.journal import fenced
-
-    with session(db) as s:
-        run = fenced(s, run_id, owner)
-        row = s.get(ToolCallRow, call.id)
-        row.status = "waiting_approval"
-        interrupt = InterruptRow(id=new_id("int"), run_id=run_id, tool_call_id=call.id, kind=kind, status="pending",
-                                 expires_at=now() + timedelta(seconds=ttl_s) if ttl_s else None,
-                                 expiry_decision=expiry_decision, created_at=now())
-        s.add(interrupt)
-        run.status, run.pause_reason = "waiting_approval", kind
-        run.lease_owner, run.lease_expires_at = None, None
-        event(s, run_id, "interrupt.created", interrupt_id=interrupt.id, kind=kind, call_id=call.id,
-              name=call.name, arguments=row.arguments_json,
-              expires_at=interrupt.expires_at.isoformat() if interrupt.expires_at else None)
-        event(s, run_id, "run.status", status="waiting_approval", reason=kind)
-        audit.append(s, run_id, "interrupt.created", {"interrupt_id": interrupt.id, "kind": kind, "call_id": call.id,
-                                                      "name": call.name, "arguments": row.arguments_json})
-        return interrupt.id
 
 
 def resolve(db: str, interrupt_id: str, decision: str, *, actor: str, arguments: dict | None = None,
@@ -51,7 +27,7 @@ def resolve(db: str, interrupt_id: str, decision: str, *, actor: str, arguments:
         interrupt = s.get(InterruptRow, interrupt_id)
         if interrupt is None:
             raise JournalError(f"no interrupt {interrupt_id!r}", status=404)
-        if interrupt.status != "pending":
+        if interrupt.status != InterruptStatus.PENDING:
             raise JournalError(f"interrupt {interrupt_id} is already {interrupt.status}")
         _apply(s, interrupt, decision, actor=actor, arguments=arguments, comment=comment)
         return interrupt
@@ -59,46 +35,48 @@ def resolve(db: str, interrupt_id: str, decision: str, *, actor: str, arguments:
 
 def _apply(s, interrupt: InterruptRow, decision: str, *, actor: str, arguments=None, comment=None) -> None:
     call = s.get(ToolCallRow, interrupt.tool_call_id)
-    interrupt.status = {"approve": "approved", "reject": "rejected", "edit": "edited"}[decision]
+    interrupt.status = {"approve": InterruptStatus.APPROVED, "reject": InterruptStatus.REJECTED,
+                        "edit": InterruptStatus.EDITED}[decision]
     interrupt.actor, interrupt.comment, interrupt.resolved_at = actor, comment, now()
     if decision == "edit":
         interrupt.arguments_json = call.arguments_json = json.dumps(arguments)
     if decision == "reject":
-        call.status, call.finished_at = "rejected", now()
+        call.status, call.finished_at = ToolCallStatus.REJECTED, now()
         note = f"A human rejected this call{': ' + comment if comment else ''}. It was not run."
         call.result_json = json.dumps({"content": note, "is_error": True})
     else:
-        call.status = "approved"
+        call.status = ToolCallStatus.APPROVED
     run = s.get(RunRow, interrupt.run_id)
     still_waiting = s.scalars(select(InterruptRow).where(InterruptRow.run_id == run.id,
-                                                         InterruptRow.status == "pending",
+                                                         InterruptRow.status == InterruptStatus.PENDING,
                                                          InterruptRow.id != interrupt.id)).first()
-    if run.status == "waiting_approval" and still_waiting is None:
-        run.status, run.pause_reason = "queued", None
-        event(s, run.id, "run.status", status="queued", reason="interrupt resolved")
-    event(s, run.id, "interrupt.resolved", interrupt_id=interrupt.id, decision=decision, actor=actor,
-          arguments=call.arguments_json)
-    audit.append(s, run.id, "interrupt.resolved", {"interrupt_id": interrupt.id, "decision": decision,
-                                                    "actor": actor, "comment": comment,
-                                                    "arguments": call.arguments_json})
+    batch = Batch(run.id)
+    if run.status == RunStatus.WAITING_APPROVAL and still_waiting is None:
+        run.status, run.pause_reason = RunStatus.QUEUED, None
+        batch.event("run.status", status=RunStatus.QUEUED, reason="interrupt resolved")
+    batch.event("interrupt.resolved", interrupt_id=interrupt.id, decision=decision, actor=actor,
+                arguments=call.arguments_json)
+    batch.audit("interrupt.resolved", {"interrupt_id": interrupt.id, "decision": decision, "actor": actor,
+                                       "comment": comment, "arguments": call.arguments_json})
+    write_in(s, batch)
 
 
 def expire_due(db: str) -> int:
     """Resolve pending interrupts past their expiry with their configured default decision."""
     t = now()
     with session(db, readonly=True) as s:  # the worker asks every poll: only take the write lock when needed
-        if s.scalars(select(InterruptRow.id).where(InterruptRow.status == "pending",
+        if s.scalars(select(InterruptRow.id).where(InterruptRow.status == InterruptStatus.PENDING,
                                                    InterruptRow.expires_at.is_not(None),
                                                    InterruptRow.expires_at < t).limit(1)).first() is None:
             return 0
     with session(db) as s:
-        due = s.scalars(select(InterruptRow).where(InterruptRow.status == "pending",
+        due = s.scalars(select(InterruptRow).where(InterruptRow.status == InterruptStatus.PENDING,
                                                    InterruptRow.expires_at.is_not(None),
                                                    InterruptRow.expires_at < t)).all()
         for interrupt in due:
             _apply(s, interrupt, interrupt.expiry_decision, actor="system:expiry",
                    comment="approval expired")
-            interrupt.status = "expired"
+            interrupt.status = InterruptStatus.EXPIRED
         return len(due)
 
 
@@ -109,26 +87,28 @@ def request(db: str, run_id: str, action: str, actor: str = "user") -> RunRow:
         run = get_run(s, run_id)
         if run.status in TERMINAL:
             raise JournalError(f"run {run_id} already {run.status}")
+        batch = Batch(run_id)
         if action == "cancel":
-            if run.status == "running":
+            if run.status == RunStatus.RUNNING:
                 run.cancel_requested = True
             else:
-                run.status, run.finished_at, run.stop_reason = "cancelled", now(), "cancelled"
-                event(s, run_id, "run.finished", status="cancelled", stop_reason="cancelled", actor=actor)
+                run.status, run.finished_at, run.stop_reason = RunStatus.CANCELLED, now(), "cancelled"
+                batch.event("run.finished", status=RunStatus.CANCELLED, stop_reason="cancelled", actor=actor)
         elif action == "pause":
-            if run.status == "running":
+            if run.status == RunStatus.RUNNING:
                 run.pause_requested = True
-            elif run.status == "queued":
-                run.status, run.pause_reason = "paused", "user"
-                event(s, run_id, "run.status", status="paused", reason="user")
+            elif run.status == RunStatus.QUEUED:
+                run.status, run.pause_reason = RunStatus.PAUSED, "user"
+                batch.event("run.status", status=RunStatus.PAUSED, reason="user")
         elif action == "resume":
-            if run.status != "paused":
+            if run.status != RunStatus.PAUSED:
                 raise JournalError(f"run {run_id} is {run.status}, not paused")
-            run.status, run.pause_reason, run.pause_requested = "queued", None, False
-            event(s, run_id, "run.status", status="queued", reason="resumed")
+            run.status, run.pause_reason, run.pause_requested = RunStatus.QUEUED, None, False
+            batch.event("run.status", status=RunStatus.QUEUED, reason="resumed")
         else:
             raise JournalError(f"unknown action {action!r}", status=400)
-        audit.append(s, run_id, f"run.{action}", {"actor": actor})
+        batch.audit(f"run.{action}", {"actor": actor})
+        write_in(s, batch)
         return run
 
 
@@ -141,10 +121,12 @@ def raise_budget(db: str, run_id: str, *, token_budget: int | None = None, cost_
             run.token_budget = token_budget
         if cost_budget_u is not None:
             run.cost_budget_u = cost_budget_u
-        event(s, run_id, "budget.changed", token_budget=run.token_budget, cost_budget_u=run.cost_budget_u)
-        audit.append(s, run_id, "budget.changed", {"token_budget": run.token_budget,
-                                                    "cost_budget_u": run.cost_budget_u, "actor": actor})
-        if run.status == "paused" and run.pause_reason == "budget":
-            run.status, run.pause_reason = "queued", None
-            event(s, run_id, "run.status", status="queued", reason="budget raised")
+        batch = Batch(run_id)
+        batch.event("budget.changed", token_budget=run.token_budget, cost_budget_u=run.cost_budget_u)
+        batch.audit("budget.changed", {"token_budget": run.token_budget, "cost_budget_u": run.cost_budget_u,
+                                       "actor": actor})
+        if run.status == RunStatus.PAUSED and run.pause_reason == "budget":
+            run.status, run.pause_reason = RunStatus.QUEUED, None
+            batch.event("run.status", status=RunStatus.QUEUED, reason="budget raised")
+        write_in(s, batch)
         return run

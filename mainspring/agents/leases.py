@@ -13,8 +13,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
 
-from mainspring.agents.journal import audit, event, now
+from mainspring.agents.journal import agent_spec, now
+from mainspring.agents.status import RunStatus
 from mainspring.agents.tables import RunRow
+from mainspring.agents.writes import Batch, table_of, write_in
 from mainspring.store.db import session
 
 HOST = socket.gethostname()
@@ -43,7 +45,7 @@ def owner_is_dead(owner: str | None) -> bool:
 
 
 def _takeable(status: str, lease_owner: str | None, expires: datetime | None, owner: str, t: datetime) -> bool:
-    if status == "queued":
+    if status == RunStatus.QUEUED:
         return True
     if lease_owner == owner:
         return False
@@ -60,7 +62,7 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
     with session(db, readonly=True) as s:
         rows = s.execute(
             select(RunRow.id, RunRow.status, RunRow.lease_owner, RunRow.lease_expires_at)
-            .where(or_(RunRow.status == "queued", and_(RunRow.status == "running", or_(
+            .where(or_(RunRow.status == RunStatus.QUEUED, and_(RunRow.status == RunStatus.RUNNING, or_(
                 RunRow.lease_owner.is_(None), RunRow.lease_owner != owner))))
             .order_by(RunRow.priority.desc(), RunRow.created_at).limit(limit * 4)).all()
         ids = [r.id for r in rows if _takeable(r.status, r.lease_owner, r.lease_expires_at, owner, t)]
@@ -74,26 +76,27 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
         for run in candidates:
             if len(taken) >= limit:
                 break
-            if run.status not in ("queued", "running") or not _takeable(run.status, run.lease_owner,
-                                                                        run.lease_expires_at, owner, t):
+            if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING) or not _takeable(
+                    run.status, run.lease_owner, run.lease_expires_at, owner, t):
                 continue  # changed since we looked
-            recovered = run.status == "running"
+            recovered = run.status == RunStatus.RUNNING
             previous = run.lease_owner
-            run.status, run.lease_owner, run.lease_expires_at = "running", owner, t + timedelta(seconds=lease_s)
+            run.status, run.lease_owner = RunStatus.RUNNING, owner
+            run.lease_expires_at = t + timedelta(seconds=lease_s)
             run.attempt += 1
             run.pause_reason = None
             run.started_at = run.started_at or t
             run.updated_at = t
             if run.deadline_at is None:
-                from mainspring.agents.journal import agent_spec
-
                 if run.agent_id not in specs:
                     specs[run.agent_id] = agent_spec(s, run.agent_id).limits.max_wall_s
                 run.deadline_at = run.started_at + timedelta(seconds=specs[run.agent_id])
             kind = "run.recovered" if recovered else "run.claimed"
-            event(s, run.id, kind, owner=owner, attempt=run.attempt, previous_owner=previous)
+            batch = Batch(run.id)
+            batch.event(kind, owner=owner, attempt=run.attempt, previous_owner=previous)
             if recovered:
-                audit.append(s, run.id, kind, {"owner": owner, "previous_owner": previous, "attempt": run.attempt})
+                batch.audit(kind, {"owner": owner, "previous_owner": previous, "attempt": run.attempt})
+            write_in(s, batch)
             taken.append((run.id, recovered))
         return taken
 
@@ -103,14 +106,15 @@ def heartbeat(db: str, owner: str, run_ids: list[str], lease_s: float) -> dict[s
     or "pause" (someone asked); runs with nothing to do are left out."""
     if not run_ids:
         return {}
-    runs = RunRow.__table__
+    runs = table_of(RunRow)
     with session(db) as s:  # one UPDATE and one SELECT however many runs: loading and flushing each row cost more
-        s.execute(update(runs).where(runs.c.id.in_(run_ids), runs.c.lease_owner == owner, runs.c.status == "running")
+        s.execute(update(runs).where(runs.c.id.in_(run_ids), runs.c.lease_owner == owner,
+                                     runs.c.status == RunStatus.RUNNING)
                   .values(lease_expires_at=now() + timedelta(seconds=lease_s)))
         orders = {run_id: "lost" for run_id in run_ids}
         for row in s.execute(select(runs.c.id, runs.c.lease_owner, runs.c.status, runs.c.cancel_requested,
                                     runs.c.pause_requested).where(runs.c.id.in_(run_ids))):
-            if row.lease_owner == owner and row.status == "running":
+            if row.lease_owner == owner and row.status == RunStatus.RUNNING:
                 del orders[row.id]
                 if row.cancel_requested:
                     orders[row.id] = "cancel"

@@ -18,15 +18,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents import charges, control, journal, writes
+from mainspring.agents import charges, journal, writes
 from mainspring.agents.context import CHARS_PER_TOKEN, Prompt, build_prompt, needs_compaction, summarize
 from mainspring.agents.journal import LeaseLost, RunState
+from mainspring.agents.status import RunStatus, ToolCallStatus
 from mainspring.agents.attachments import AttachmentPolicy, AttachmentRefused
 from mainspring.agents.tools.base import Tool, ToolContext, ToolError, ToolResult, TransientToolError, openai_schema
-from mainspring.engine.outputs import Usage
+from mainspring.models import ChatModel, Completion, Usage
+from mainspring.retry import backoff_delay
 
 log = logging.getLogger("mainspring.agents")
 WRAP_UP = "The step limit is reached. Give your final answer now, without calling any tool."
+
+
+# (model name, the run's project) -> ChatModel: what the server (api/agent_models.py) or a test lets runs use
+ModelResolver = Callable[[str, int | None], ChatModel]
 
 
 class ModelFailed(Exception):
@@ -38,7 +44,7 @@ class LoopEnv:
     """What every run loop of a worker shares."""
     db: str
     owner: str
-    models: Callable[[str, int | None], Any]  # (model name, the run's project) -> ChatModel
+    models: ModelResolver
     tools: Mapping[str, Tool]
     data_dir: Path
     price: Callable[[str, Usage], int]  # (model, usage) -> micro-USD
@@ -64,7 +70,7 @@ class RunLoop:
     cancel_event: Any = field(default=None)
     state: RunState | None = None
     # writes queued for the next commit (writes.py); it only holds writes between two awaits, see _commit
-    batch: writes.Batch | None = None
+    batch: writes.Batch = field(init=False, repr=False)  # set by drive()
     committing: asyncio.Future | None = None
 
     async def drive(self) -> None:
@@ -85,8 +91,8 @@ class RunLoop:
             log.exception("run %s failed", self.run_id)
             try:
                 await self._settled()
-                await self.env.call(journal.finish_run, self.env.db, self.run_id, self.env.owner, "failed",
-                                    error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+                self.batch = writes.Batch(self.run_id)  # what the failure left queued was never acted on
+                await self._finish(RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}", stop_reason="error")
             except LeaseLost:
                 pass
 
@@ -109,9 +115,20 @@ class RunLoop:
             await asyncio.wait([self.committing])
 
     async def _write(self, fn, *args, **kwargs):
-        """A journal call outside the batch (rare paths: parking, interrupts, compaction), after the queue."""
+        """A blocking journal call outside the batch (reading the run back), after the queue."""
         await self._commit()
         return await self.env.call(fn, *args, **kwargs)
+
+    async def _finish(self, status: RunStatus, **how: Any) -> None:
+        """End the run, after what is queued. Its counters (in the audit entry) are read back: after a failure
+        the loop's copy may count writes that were never committed."""
+        run = await self._write(self._fresh_run)
+        journal.finish_run(self.batch, run, status, **how)
+        await self._commit()
+
+    async def _park(self, reason: str) -> None:
+        journal.park_run(self.batch, reason)
+        await self._commit()
 
     async def _stopped(self) -> None:
         self.cancel_event.set()
@@ -119,12 +136,11 @@ class RunLoop:
             await self._settled()
             if self.stop == "cancel":
                 if self.current_call is not None:
-                    writes.finish_call(self.batch, self.current_call, "cancelled",
-                                       {"content": "cancelled", "is_error": True})
-                await self._write(journal.finish_run, self.env.db, self.run_id, self.env.owner, "cancelled",
-                                  stop_reason="cancelled")
+                    journal.finish_call(self.batch, self.current_call, ToolCallStatus.CANCELLED,
+                                        {"content": "cancelled", "is_error": True})
+                await self._finish(RunStatus.CANCELLED, stop_reason="cancelled")
             elif self.stop == "pause":
-                await self._write(journal.park_run, self.env.db, self.run_id, self.env.owner, "paused", "user")
+                await self._park("user")
         except LeaseLost:
             pass
 
@@ -133,7 +149,7 @@ class RunLoop:
         # Others' changes reach a running loop through the worker (cancel, pause, lost lease).
         self.state = state = await self.env.call(journal.load_state, self.env.db, self.run_id)
         run = state.run
-        if run.lease_owner != self.env.owner or run.status != "running":
+        if run.lease_owner != self.env.owner or run.status != RunStatus.RUNNING:
             return
         if run.cancel_requested or run.pause_requested:
             self.stop = "cancel" if run.cancel_requested else "pause"
@@ -146,8 +162,8 @@ class RunLoop:
                 await self._stopped()
                 return
             if run.deadline_at and datetime.now(timezone.utc) > run.deadline_at:
-                await self._write(journal.finish_run, self.env.db, self.run_id, self.env.owner, "timed_out",
-                                  stop_reason="max_wall_s", error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
+                await self._finish(RunStatus.TIMED_OUT, stop_reason="max_wall_s",
+                                   error=f"ran past max_wall_s={state.spec.limits.max_wall_s}")
                 return
             calls = state.open_calls()
             if calls:
@@ -162,17 +178,18 @@ class RunLoop:
         limits = state.spec.limits
         for call in calls:
             tool = self._allowed_tool(state, call.name)
-            if call.status == "waiting_approval":
+            if call.status == ToolCallStatus.WAITING_APPROVAL:
                 await self._commit()
                 return False  # an interrupt is open (a resolve queues the run again)
             needs_human = None
-            if call.status == "running" and not (tool and tool.idempotent):
+            if call.status == ToolCallStatus.RUNNING and not (tool and tool.idempotent):
                 needs_human = "in_flight"  # cut off mid-call; running it again blindly could repeat its effect
-            elif call.status == "pending" and tool and tool.requires_approval:
+            elif call.status == ToolCallStatus.PENDING and tool and tool.requires_approval:
                 needs_human = "approval"
             if needs_human:
-                await self._write(control.open_interrupt, self.env.db, self.run_id, self.env.owner, call, needs_human,
-                                  limits.approval_ttl_s, limits.approval_expiry_decision)
+                journal.open_interrupt(self.batch, call, needs_human, limits.approval_ttl_s,
+                                       limits.approval_expiry_decision)
+                await self._commit()
                 return False
             await self._execute(state, call, tool)
         return True
@@ -183,7 +200,7 @@ class RunLoop:
 
     async def _execute(self, state: RunState, call, tool: Tool | None) -> None:
         self.current_call = call
-        writes.start_call(self.batch, call, call.arguments_json)
+        journal.start_call(self.batch, call, call.arguments_json)
         await self._commit()  # with the previous step's answer or call's result: one transaction, before the effect
         if tool is None:
             listed = ", ".join(sorted(state.spec.tools)) or "none"
@@ -201,7 +218,8 @@ class RunLoop:
         artifacts = self._save_artifacts(call.id, result)
         payload = {"content": result.content, "data": result.data, "is_error": result.is_error}
         # queued: committed with the next action's own write, before that action
-        writes.finish_call(self.batch, call, "failed" if result.is_error else "completed", payload, artifacts)
+        journal.finish_call(self.batch, call, ToolCallStatus.FAILED if result.is_error else ToolCallStatus.COMPLETED,
+                            payload, artifacts)
         self.current_call = None
 
     async def _call_with_retries(self, state: RunState, call, tool: Tool, args: dict) -> ToolResult:
@@ -225,7 +243,7 @@ class RunLoop:
                 reason = f"timed out after {tool.timeout_s:g}s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
                 if attempt == tool.retries:
                     return ToolResult(f"{call.name} failed: {reason}", is_error=True)
-                await self.env.sleep(min(delay * 2 ** attempt, 60))
+                await self.env.sleep(backoff_delay(attempt, delay, 60))
             except ToolError as exc:
                 return ToolResult(str(exc), is_error=True)
         raise AssertionError("unreachable")
@@ -246,8 +264,8 @@ class RunLoop:
         prompt = build_prompt(state)
         if needs_compaction(state, prompt):
             summary, through = summarize(state)
-            state.steps.append(await self._write(journal.record_compaction, env.db, self.run_id, env.owner,
-                                                 state.next_seq, summary, through))
+            state.steps.append(journal.record_compaction(self.batch, state.next_seq, summary, through))
+            await self._commit()
             return True  # rebuild the messages with the summary in place
         wrap_up = run.step_count >= limits.max_steps - 1
         tools = [] if wrap_up else [openai_schema(env.tools[n]) for n in state.spec.tools if n in env.tools]
@@ -256,24 +274,22 @@ class RunLoop:
         if self._over_budget(state, prompt):
             state.run = await self._write(self._fresh_run)  # the budget may have been raised meanwhile
             if self._over_budget(state, prompt):
-                await self._write(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+                await self._park("budget")
                 return False
-        step = writes.begin_step(self.batch, state, state.next_seq if state.open_step is None else
+        step = journal.begin_step(self.batch, state, state.next_seq if state.open_step is None else
                                  state.open_step.seq, "model", prompt.input_hash(tools))
         await self._commit()  # with the last call's result: one transaction, before the model is called
         try:
-            completion, charged_u = await self._chat(state, prompt.messages, tools, prompt.tokens())
+            completion, charged_u = await self._chat(state, step.id, prompt.messages, tools, prompt.tokens())
         except charges.KeyBudgetExceeded as exc:  # the key's or project's budget: paused as by the run's own
-            await self._write(charges.note_refusal, env.db, self.run_id, exc)
-            await self._write(journal.park_run, env.db, self.run_id, env.owner, "paused", "budget")
+            charges.note_refusal(self.batch, exc)
+            await self._park("budget")
             return False
         except charges.KeyRevoked as exc:
-            await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
-                              stop_reason="key_revoked")
+            await self._finish(RunStatus.FAILED, error=str(exc), stop_reason="key_revoked")
             return False
         except ModelFailed as exc:
-            await self._write(journal.finish_run, env.db, self.run_id, env.owner, "failed", error=str(exc),
-                              stop_reason="model_error")
+            await self._finish(RunStatus.FAILED, error=str(exc), stop_reason="model_error")
             return False
         message = completion.to_message()
         if wrap_up:
@@ -282,11 +298,11 @@ class RunLoop:
         cost = charged_u if charged_u is not None else (
             env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage))
         # queued: committed with the first call's start (or with the ending), before either happens
-        calls = writes.complete_model_step(self.batch, state, step, message, completion.usage, cost,
-                                              set(state.spec.tools) & set(env.tools))
+        calls = journal.complete_model_step(self.batch, state, step, message, completion.usage, cost,
+                                            set(state.spec.tools) & set(env.tools))
         if not calls:
-            writes.finish_run(self.batch, state, "succeeded", result=completion.text,
-                              stop_reason="max_steps" if wrap_up else "final_answer")
+            journal.finish_run(self.batch, state.run, RunStatus.SUCCEEDED, result=completion.text,
+                               stop_reason="max_steps" if wrap_up else "final_answer")
             await self._commit()
             return False
         return True
@@ -304,8 +320,8 @@ class RunLoop:
             return True
         return False
 
-    async def _chat(self, state: RunState, messages: list[dict], tools: list[dict],
-                    prompt_tokens: int) -> tuple[Any, int | None]:
+    async def _chat(self, state: RunState, step_id: str, messages: list[dict], tools: list[dict],
+                    prompt_tokens: int) -> tuple[Completion, int | None]:
         """The model's answer, and its cost when it was charged to the run's key's ledger (charges.py): the
         call's worst case is held against the key's and project's budgets first (KeyBudgetExceeded if they cannot
         cover it), and settled to its cost after; a call that ends without an answer releases its hold."""
@@ -315,7 +331,7 @@ class RunLoop:
         if env.meter is not None:
             served_as = getattr(model, "model", None)
             input_tokens = prompt_tokens + (len(json.dumps(tools)) // CHARS_PER_TOKEN if tools else 0)
-            charge = await env.call(charges.reserve, env.meter, state.run, state.open_step.id,
+            charge = await env.call(charges.reserve, env.meter, state.run, step_id,
                                     (state.spec.model, served_as), input_tokens, limits.max_tokens)
         try:
             completion = await self._ask(state, model, messages, tools)
@@ -331,7 +347,7 @@ class RunLoop:
         # priced as the step's cost is without a meter: the agent's name for its model, else the one that answered
         return completion, await env.call(charges.settle, charge, (state.spec.model, completion.model), completion)
 
-    async def _ask(self, state: RunState, model: Any, messages: list[dict], tools: list[dict]):
+    async def _ask(self, state: RunState, model: ChatModel, messages: list[dict], tools: list[dict]) -> Completion:
         from mainspring.models import UpstreamError
 
         limits = state.spec.limits
@@ -350,8 +366,9 @@ class RunLoop:
             except (ConnectionError, OSError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             if attempt < limits.model_retries:
-                await self._write(self._note_retry, attempt + 1, last)
-                await self.env.sleep(min(limits.retry_backoff_s * 2 ** attempt, 60))
+                self.batch.event("step.retry", attempt=attempt + 1, error=last)
+                await self._commit()
+                await self.env.sleep(backoff_delay(attempt, limits.retry_backoff_s, 60))
         raise ModelFailed(f"model failed after {limits.model_retries + 1} attempts: {last}")
 
     def _fresh_run(self):
@@ -359,9 +376,3 @@ class RunLoop:
 
         with session(self.env.db, readonly=True) as s:
             return journal.get_run(s, self.run_id)
-
-    def _note_retry(self, attempt: int, error: str) -> None:
-        from mainspring.store.db import session
-
-        with session(self.env.db) as s:
-            journal.event(s, self.run_id, "step.retry", attempt=attempt, error=error)

@@ -13,7 +13,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
@@ -22,58 +22,16 @@ from mainspring.agents import audit, control, journal
 from mainspring.agents.attachments import AttachmentPolicy
 from mainspring.agents.event_bus import EventBus
 from mainspring.agents.journal import JournalError, project_is
+from mainspring.agents.loop import ModelResolver
 from mainspring.agents.spec import AgentSpec
+from mainspring.agents.status import InterruptStatus
 from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, InterruptRow, RunRow, StepRow,
                                       ThreadRow, ToolCallRow)
 from mainspring.agents.tools.base import Tool
 from mainspring.agents.worker import Worker, list_price
 from mainspring.config import Settings
 from mainspring.store.db import init_db, session
-
-
-def app_models(app) -> Callable[[str, int | None], Any]:
-    """Model names an agent may use in this server: the embedded engine's (or "default"), the upstreams, and the
-    fine-tuned models (ft:...) its project may see, each loaded when a run first calls it."""
-    from mainspring.models import LocalModel, OpenAICompatibleModel
-
-    cache: dict[str, Any] = {}
-
-    def resolve(name: str, project_id: int | None = None):
-        if name in cache:
-            return cache[name]
-        engine = app.state.engine
-        route = app.state.upstreams.get(name)
-        registry = getattr(app.state, "finetuned", None)
-        if route is not None:
-            model = OpenAICompatibleModel(route.upstream.url("/v1"), route.upstream.api_key or None,
-                                          model=route.model.remote, timeout=route.upstream.timeout_s)
-        elif engine is not None and name in ("default", "smollm2", engine.engine.name):
-            model = LocalModel(engine)
-        elif registry is not None and (ft := registry.find_for_project(project_id, name)) is not None:
-            return FineTunedChat(registry, ft, LocalModel)  # not cached: visibility is per project
-        else:
-            raise JournalError(f"unknown model {name!r} for an agent", status=400)
-        cache[name] = model
-        return model
-
-    return resolve
-
-
-class FineTunedChat:
-    """A fine-tuned model as an agent's ChatModel: its engine is loaded (or reused) by the registry on first call."""
-
-    def __init__(self, registry: Any, ft: Any, local: type):
-        self.registry, self.ft, self.local, self.model = registry, ft, local, ft.id
-
-    async def _model(self):
-        return self.local(await self.registry.engine(self.ft), model=self.ft.id)
-
-    async def chat(self, messages: list[dict], **kwargs: Any):
-        return await (await self._model()).chat(messages, **kwargs)
-
-    async def stream(self, messages: list[dict], **kwargs: Any):
-        async for chunk in (await self._model()).stream(messages, **kwargs):
-            yield chunk
+from mainspring.store.ids import new_id
 
 
 def default_tools(settings: Settings) -> dict[str, Tool]:
@@ -96,7 +54,7 @@ OPERATOR = Scope(operator=True)
 class AgentRuntime:
     scope: Scope = OPERATOR
 
-    def __init__(self, settings: Settings, *, models: Callable[[str, int | None], Any],
+    def __init__(self, settings: Settings, *, models: ModelResolver,
                  tools: Mapping[str, Tool] | None = None,
                  sandbox: Any = None, db_url: str | None = None):
         self.settings = settings
@@ -217,7 +175,8 @@ class AgentRuntime:
                                   .order_by(EventRow.id).limit(limit)))
 
     # ---- people acting on runs --------------------------------------------------------------------------
-    def interrupts(self, run_id: str | None = None, status: str | None = "pending") -> list[InterruptRow]:
+    def interrupts(self, run_id: str | None = None,
+                   status: str | None = InterruptStatus.PENDING) -> list[InterruptRow]:
         with session(self.db, readonly=True) as s:
             q = (select(InterruptRow).join(RunRow, RunRow.id == InterruptRow.run_id)
                  .where(self._mine(RunRow.project_id)).order_by(InterruptRow.created_at))
@@ -247,7 +206,7 @@ class AgentRuntime:
 
     def create_thread(self, metadata: dict | None = None) -> ThreadRow:
         with session(self.db) as s:
-            row = ThreadRow(id=journal.new_id("thread"), project_id=self.scope.project_id,
+            row = ThreadRow(id=new_id("thread_"), project_id=self.scope.project_id,
                             metadata_json=json.dumps(metadata) if metadata else None)
             s.add(row)
             return row

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from mainspring.agents import control, leases, writes
-from mainspring.agents.loop import LoopEnv, RunLoop
+from mainspring.agents.loop import LoopEnv, ModelResolver, RunLoop
 from mainspring.agents.tools.base import Tool
-from mainspring.engine.outputs import Usage
+from mainspring.models import Usage
 
 log = logging.getLogger("mainspring.agents")
 
@@ -41,7 +41,7 @@ def list_price(prices_file: str | None = None) -> ListPrice:
 
 
 class Worker:
-    def __init__(self, db_url: str, *, models: Callable[[str, int | None], Any],
+    def __init__(self, db_url: str, *, models: ModelResolver,
                  tools: Mapping[str, Tool], data_dir: Path,
                  capacity: int = 64, lease_s: float = 30.0, poll_s: float = 0.2, sandbox: Any = None,
                  price: Callable[[str, Usage], int] | None = None, sleep: Callable[[float], Any] = asyncio.sleep,

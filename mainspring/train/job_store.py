@@ -7,16 +7,16 @@ the runner finishes a job is never overwritten, and the runner never resurrects 
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.orm import Session
 
 from mainspring.store.db import session
 from mainspring.store.tables import FineTuningCheckpointRow, FineTuningEventRow, FineTuningJobRow
+from mainspring.store.ids import new_id
 
 STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled")
 PENDING = ("validating_files", "queued", "running")  # the runner has work to do (running: resume after a restart)
@@ -26,10 +26,6 @@ DOMAIN = "job"  # the one domain of a job's run
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def new_job_id() -> str:
-    return "ftjob-" + uuid.uuid4().hex[:24]
 
 
 def model_name(base: str, suffix: str | None, job_id: str) -> str:
@@ -53,9 +49,10 @@ def move(db: Engine, job_id: str, from_: tuple[str, ...], to: str, *, message: s
     """status from_ -> to with `values`, and the events saying so, in one transaction (a reader who sees the
     new status sees its events); False, and nothing written, if the job was not in from_."""
     with session(db) as s:
-        res = s.execute(update(FineTuningJobRow).where(FineTuningJobRow.id == job_id,
-                                                       FineTuningJobRow.status.in_(from_))
-                        .values(status=to, **values))
+        # an UPDATE returns a CursorResult (with rowcount); Session.execute is typed as the general Result
+        res = cast(CursorResult, s.execute(update(FineTuningJobRow).where(FineTuningJobRow.id == job_id,
+                                                                          FineTuningJobRow.status.in_(from_))
+                                           .values(status=to, **values)))
         if res.rowcount != 1:
             return False
         for text in (message,) if isinstance(message, str) else message or ():
@@ -75,7 +72,7 @@ def save_checkpoint(db: Engine, job_id: str, step: int, path: str, metrics: dict
         row = s.scalar(select(FineTuningCheckpointRow).where(FineTuningCheckpointRow.job_id == job_id,
                                                              FineTuningCheckpointRow.step_number == step))
         if row is None:
-            s.add(FineTuningCheckpointRow(id="ftckpt_" + uuid.uuid4().hex[:24], job_id=job_id, step_number=step,
+            s.add(FineTuningCheckpointRow(id=new_id("ftckpt_"), job_id=job_id, step_number=step,
                                           path=path, metrics_json=json.dumps(metrics), created_at=now()))
         else:
             row.path, row.metrics_json, row.created_at = path, json.dumps(metrics), now()

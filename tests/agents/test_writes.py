@@ -1,6 +1,7 @@
-"""The loop's batched journal writes (mainspring/agents/writes.py): two transactions a step, each committed before
-what it tells of is acted on, fenced by the lease, group-committed across runs without mixing their outcomes;
-and the incrementally built prompt hashes and measures exactly like a full serialisation of it."""
+"""The journal's batched writes (mainspring/agents/writes.py; what each change writes: journal.py): two
+transactions a step, each committed before what it tells of is acted on, fenced by the lease, group-committed
+across runs without mixing their outcomes; and the incrementally built prompt hashes and measures exactly like a
+full serialisation of it."""
 
 import asyncio
 import json
@@ -81,11 +82,11 @@ def claimed(rt, db_url, goal, owner):
 
 def a_step(state):
     batch = writes.Batch(state.run.id)
-    step = writes.begin_step(batch, state, state.next_seq, "model", "0" * 64)
+    step = journal.begin_step(batch, state, state.next_seq, "model", "0" * 64)
     message = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "x", "type": "function", "function": {"name": "count", "arguments": "{}"}}]}
-    [call] = writes.complete_model_step(batch, state, step, message, Usage(10, 0, 2), 7, {"count"})
-    writes.start_call(batch, call, "{}")
+    [call] = journal.complete_model_step(batch, state, step, message, Usage(10, 0, 2), 7, {"count"})
+    journal.start_call(batch, call, "{}")
     return batch
 
 

@@ -18,6 +18,7 @@ from mainspring.train import job_store
 from mainspring.train.events import TrainEvent, TrainResult
 from mainspring.train.jobs import MAX_ATTEMPTS, FineTuningRunner
 from mainspring.train.rft_config import RFTHyperparameters, resolve, train_config
+from mainspring.store.ids import new_id
 
 GRADER = {"type": "string_check", "name": "exact", "input": "{{ sample.output_text }}",
           "reference": "{{ item.answer }}", "operation": "eq"}
@@ -37,7 +38,7 @@ def add_job(env, *, status: str = "queued", attempts: int = 0) -> str:
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     config = train_config(resolve(RFTHyperparameters(steps=2), 3, 1), model="smollm2", domain="job", suffix="t",
                           seed=0)
-    job_id = job_store.new_job_id()
+    job_id = new_id("ftjob-")
     with session(db) as s:
         if s.get(FileRow, "file-train") is None:
             s.add(FileRow(id="file-train", purpose="fine-tune", filename="t.jsonl", bytes=path.stat().st_size,

@@ -9,6 +9,7 @@ USD, never a float.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Callable, Literal, TypeVar
@@ -20,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from mainspring.agents.journal import JournalError
 from mainspring.agents.runtime import AgentRuntime
 from mainspring.agents.spec import AgentSpec
-from mainspring.agents.tables import AgentRow, InterruptRow, RunRow, RUN_STATES
+from mainspring.agents.status import InterruptStatus, RunStatus
+from mainspring.agents.tables import AgentRow, InterruptRow, RunRow
 from mainspring.api.errors import APIError
 from mainspring.billing.prices import MICRO, usd_to_micro
 
@@ -155,7 +157,7 @@ def run_object(run: RunRow, pending: list[str]) -> RunObject:
 
 
 async def run_response(request: Request, run: RunRow) -> RunObject:
-    pending = await read(runtime(request).interrupts, run.id, "pending")
+    pending = await read(runtime(request).interrupts, run.id, InterruptStatus.PENDING)
     return run_object(run, [i.id for i in pending])
 
 
@@ -197,7 +199,7 @@ async def interrupt_objects(request: Request, rows: list[InterruptRow]) -> list[
     return out
 
 
-def page(data: list[BaseModel]) -> dict:
+def page(data: Sequence[BaseModel]) -> dict:
     return {"object": "list", "data": [d.model_dump() for d in data]}
 
 
@@ -278,9 +280,6 @@ async def create_run(body: CreateRun, request: Request) -> RunObject:
     return run_object(run, [])
 
 
-RunStatus = Literal[RUN_STATES]  # type: ignore[valid-type]
-
-
 @router.get("/v1/runs")
 async def list_runs(request: Request, status: RunStatus | None = None,
                     limit: int = Query(50, ge=1, le=500)) -> dict:
@@ -288,7 +287,7 @@ async def list_runs(request: Request, status: RunStatus | None = None,
     rt = runtime(request)
     runs = await read(rt.runs, status, limit)
     pending: dict[str, list[str]] = {}
-    for i in await read(rt.interrupts, None, "pending"):
+    for i in await read(rt.interrupts, None, InterruptStatus.PENDING):
         pending.setdefault(i.run_id, []).append(i.id)
     return page([run_object(r, pending.get(r.id, [])) for r in runs])
 
@@ -352,12 +351,12 @@ async def change_budget(run_id: str, body: BudgetChange, request: Request) -> Ru
 
 
 # ---- interrupts ------------------------------------------------------------------------------------------
-InterruptStatus = Literal["pending", "approved", "rejected", "edited", "expired", "all"]
+InterruptFilter = Literal["pending", "approved", "rejected", "edited", "expired", "all"]  # InterruptStatus or all
 
 
 @router.get("/v1/interrupts")
 async def list_interrupts(request: Request, run_id: str | None = None,
-                          status: InterruptStatus = "pending") -> dict:
+                          status: InterruptFilter = "pending") -> dict:
     rows = await read(runtime(request).interrupts, run_id, None if status == "all" else status)
     return page(await interrupt_objects(request, rows))
 

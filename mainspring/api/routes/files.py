@@ -33,6 +33,7 @@ from mainspring.api.errors import APIError, bad_request
 from mainspring.config import Settings
 from mainspring.store.db import session
 from mainspring.store.tables import BatchRow, FileRow
+from mainspring.store.ids import new_id
 
 router = APIRouter()
 
@@ -57,10 +58,6 @@ class FileObject(BaseModel):
 def file_object(row: FileRow) -> FileObject:
     return FileObject(id=row.id, bytes=row.bytes, created_at=int(row.created_at.timestamp()), filename=row.filename,
                       purpose=row.purpose)
-
-
-def new_file_id() -> str:
-    return "file-" + uuid.uuid4().hex[:24]
 
 
 def files_dir(settings: Settings) -> Path:
@@ -232,7 +229,7 @@ def _accept_upload(spool: Path, boundary: bytes, settings: Settings) -> _Upload:
             raise bad_request("the file is empty", param="file")
         if purpose == "batch":
             _check_batch_jsonl(mm, f)
-        file_id = new_file_id()
+        file_id = new_id("file-")
 
         def copy(out: BinaryIO) -> None:
             for at in range(f.start, f.end, _COPY_CHUNK):

@@ -29,6 +29,7 @@ from mainspring.train.config import TrainConfigError
 from mainspring.train.graders import GraderError, parse_grader
 from mainspring.train.rft_config import RFTHyperparameters, resolve, train_config
 from mainspring.train.rft_data import DataFileError, held_out_split, read_samples
+from mainspring.store.ids import new_id
 
 router = APIRouter()
 
@@ -217,7 +218,7 @@ async def create_job(body: CreateJob, request: Request) -> dict:
     method = {"type": "reinforcement", "reinforcement": {"grader": grader.model_dump(exclude_none=True),
                                                          "hyperparameters": resolved}}
     row = FineTuningJobRow(
-        id=job_store.new_job_id(), project_id=_project(principal),
+        id=new_id("ftjob-"), project_id=_project(principal),
         api_key_id=principal.id if principal is not None else None, model=base, training_file=body.training_file,
         validation_file=body.validation_file, suffix=body.suffix, seed=seed, status="queued",
         method_json=json.dumps(method), config_json=config.model_dump_json(), attempts=0,
@@ -311,15 +312,18 @@ async def list_checkpoints(job_id: str, request: Request, after: str | None = No
 async def cancel_job(job_id: str, request: Request) -> dict:
     def cancel() -> FineTuningJobRow:
         with session(_db(request), readonly=True) as s:
-            row = _get_owned(s, job_id, request.state.principal)
+            _get_owned(s, job_id, request.state.principal)  # 404 unless the caller may see it
         # the runner sees the status between two steps and stops there
-        if not job_store.move(_db(request), job_id, job_store.PENDING, "cancelled", finished_at=job_store.now(),
-                              estimated_finish=None, message="Fine-tuning job cancelled"):
-            row = job_store.load(_db(request), job_id)
-            if row.status != "cancelled":
-                raise bad_request(f"fine-tuning job {job_id} is {row.status} and can no longer be cancelled",
-                                  param="fine_tuning_job_id", code="job_not_cancellable")
-        return job_store.load(_db(request), job_id)
+        moved = job_store.move(_db(request), job_id, job_store.PENDING, "cancelled", finished_at=job_store.now(),
+                               estimated_finish=None, message="Fine-tuning job cancelled")
+        row = job_store.load(_db(request), job_id)
+        if row is None:  # deleted in between
+            raise APIError(404, f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id",
+                           code="fine_tuning_job_not_found")
+        if not moved and row.status != "cancelled":
+            raise bad_request(f"fine-tuning job {job_id} is {row.status} and can no longer be cancelled",
+                              param="fine_tuning_job_id", code="job_not_cancellable")
+        return row
 
     row = await asyncio.to_thread(cancel)
     _wake(request)

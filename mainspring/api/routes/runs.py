@@ -15,7 +15,8 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, Response
 from pydantic import BaseModel
 
-from mainspring.agents.tables import EventRow, TERMINAL
+from mainspring.agents.status import TERMINAL
+from mainspring.agents.tables import EventRow
 from mainspring.api.errors import APIError
 from mainspring.api.routes.agents import MAX_INT, page, read, runtime, ts
 from mainspring.api.sse import EventStreamResponse
