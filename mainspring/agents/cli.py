@@ -8,193 +8,32 @@
 MAINSPRING_API_KEY (or --api-key) when the server requires one. `audit` reads the database directly, so an audit
 works with the server down. Bad input and server errors print a message and exit with code 2, never a traceback;
 a run that did not succeed exits 1, as does an audit trail that fails verification.
+The HTTP client is agents/client.py; how an event reads, agents/render.py; this file holds the commands.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NoReturn, Optional
+from typing import Any, Iterator, Optional
 
-import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from mainspring.config import Settings
+from mainspring.agents.client import Server
+from mainspring.agents.render import budget_text, clip, describe, summary
 from mainspring.console import fail
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-CLIP = 160
-RECONNECTS = 5  # a dropped event stream is resumed (Last-Event-ID) this many times in a row
 API_KEY = typer.Option(None, "--api-key", envvar="MAINSPRING_API_KEY", show_envvar=True,
                        help="API key, when the server requires one")
 
 
-
-
-def clip(text: Any, n: int = CLIP) -> str:
-    text = " ".join(str(text).split())
-    return escape(text if len(text) <= n else text[: n - 1] + "…")
-
-
-# ---- the server ------------------------------------------------------------------------------------------
-class Server:
-    """The running server's agent API; every failure to reach it or every error it answers ends the command."""
-
-    def __init__(self, api_key: str | None = None):
-        s = Settings()
-        host = "127.0.0.1" if s.host in ("", "0.0.0.0", "::") else s.host  # a bind-all address: connect locally
-        self.url = f"http://{f'[{host}]' if ':' in host else host}:{s.port}"
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30)
-
-    def call(self, method: str, path: str, *, missing_ok: bool = False, **kwargs: Any) -> Any:
-        try:
-            r = self.http.request(method, path, **kwargs)
-        except httpx.ConnectError:
-            self.unreachable()
-        except httpx.HTTPError as exc:
-            fail(f"the server at {self.url} did not answer {method} {path}: {exc}")
-        if r.status_code == 404 and missing_ok:
-            return None
-        if r.status_code >= 400:
-            self.refused(r)
-        return r.json() if "json" in r.headers.get("content-type", "") else r.text
-
-    def get(self, path: str, **kwargs: Any) -> Any:
-        return self.call("GET", path, **kwargs)
-
-    def post(self, path: str, body: dict | None = None, **kwargs: Any) -> Any:
-        return self.call("POST", path, json=body or {}, **kwargs)
-
-    def unreachable(self) -> NoReturn:
-        fail(f"no server at {self.url} — start it with `make up`")
-
-    def refused(self, r: httpx.Response) -> NoReturn:
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = r.text[:500] or r.reason_phrase
-        if r.status_code == 401:
-            message += " (set MAINSPRING_API_KEY or pass --api-key)"
-        fail(f"{message} [HTTP {r.status_code}]")
-
-    def events(self, run_id: str, after: int = 0) -> Iterator[dict]:
-        """The run's events after `after`, live, until the run has ended; a dropped connection is resumed
-        from the last event received, so nothing is missed or repeated."""
-        cursor, failures = after, 0
-        while True:
-            try:
-                with self.http.stream("GET", f"/v1/runs/{run_id}/events",
-                                      headers={"Accept": "text/event-stream", "Last-Event-ID": str(cursor)},
-                                      timeout=httpx.Timeout(30, read=60)) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        self.refused(r)
-                    for ev in parse_sse(r.iter_lines()):
-                        cursor, failures = ev["id"], 0
-                        yield ev
-                return
-            except httpx.ConnectError:
-                if failures >= RECONNECTS:
-                    self.unreachable()
-            except (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
-                if failures >= RECONNECTS:
-                    fail(f"lost the event stream of {run_id}: {exc}")
-            failures += 1
-            time.sleep(min(2 ** failures / 4, 5))
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[dict]:
-    """The `data` of each server-sent event (comments, `retry` and keep-alives skipped)."""
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data:
-                yield json.loads("\n".join(data))
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-
-
-# ---- a readable view of a run ----------------------------------------------------------------------------
-def describe(ev: dict) -> str | None:
-    """One event as rich markup for a person following the run (None: nothing worth a line)."""
-    d, run, kind = ev.get("data") or {}, ev.get("run_id", "RUN"), ev.get("type")
-    if kind == "run.created":
-        return f"[bold]▶ {run}[/bold]  goal: {clip(d.get('goal'))}"
-    if kind in ("run.claimed", "run.recovered"):
-        note = "recovered after its worker stopped" if kind == "run.recovered" else "running"
-        return f"[dim]· {note} (attempt {d.get('attempt')})[/dim]"
-    if kind == "step.started":
-        return f"[dim]· step {d.get('seq')}: attempt {d.get('attempt')}[/dim]" if d.get("attempt", 1) > 1 else None
-    if kind == "step.completed":
-        lines = [f"[cyan]step {d.get('seq')}[/cyan]  model: {clip(d['content'])}"] if d.get("content") else []
-        lines += [f"[cyan]step {d.get('seq')}[/cyan]  → {escape(c['name'])}({clip(c['arguments'], 100)})"
-                  for c in d.get("tool_calls") or []]
-        return "\n".join(lines) or f"[cyan]step {d.get('seq')}[/cyan]  model: (empty answer)"
-    if kind == "tool.started":
-        return f"[dim]· {escape(d['name'])}: attempt {d['attempt']}[/dim]" if d.get("attempt", 1) > 1 else None
-    if kind == "tool.finished":
-        colour = "green" if d.get("status") == "completed" else "red"
-        files = "".join(f"  [dim]+ {escape(a['name'])}[/dim]" for a in d.get("artifacts") or [])
-        head = f"[{colour}]{escape(d.get('name', '?'))} {d.get('status')}[/{colour}]"
-        return f"        {head} → {clip(d.get('content'))}{files}"
-    if kind == "step.retry":
-        return f"[dim]· model retry {d.get('attempt')}: {clip(d.get('error'))}[/dim]"
-    if kind == "context.compacted":
-        return f"[dim]· compacted the context (steps ≤ {d.get('through_seq')} summarized)[/dim]"
-    if kind == "interrupt.created":
-        i = d.get("interrupt_id")
-        why = ("was running when its worker stopped: run it again?" if d.get("kind") == "in_flight"
-               else "waiting for approval")
-        return (f"[yellow bold]⏸ {why}[/yellow bold]: {escape(d.get('name', '?'))}({clip(d.get('arguments'), 300)})\n"
-                f"    approve: mainspring runs approve {i}\n"
-                f"    edit:    mainspring runs approve {i} --args '{{…}}'\n"
-                f"    reject:  mainspring runs reject {i} --comment 'why'")
-    if kind == "interrupt.resolved":
-        done = {"approve": "approved", "reject": "rejected", "edit": "edited"}.get(d.get("decision"), d.get("decision"))
-        return f"[yellow]  {done}[/yellow] by {escape(str(d.get('actor')))}"
-    if kind == "budget.changed":
-        return f"[dim]· budget: {d.get('token_budget') or '∞'} tokens, {_usd_u(d.get('cost_budget_u'))}[/dim]"
-    if kind == "run.status":
-        status, reason = d.get("status"), d.get("reason")
-        if status == "paused" and reason == "budget":
-            return (f"[yellow bold]⏸ paused: budget reached[/yellow bold] — raise it: "
-                    f"mainspring runs budget {run} --tokens N (or --usd X)")
-        if status == "paused":
-            return f"[yellow bold]⏸ paused[/yellow bold] — resume it: mainspring runs resume {run}"
-        return f"[dim]· {status} ({escape(str(reason))})[/dim]" if status != "waiting_approval" else None
-    if kind == "run.finished":
-        status = d.get("status")
-        if status == "succeeded":
-            return f"[green bold]✓ succeeded[/green bold] ({d.get('stop_reason')})"
-        return f"[red bold]✗ {status}[/red bold]" + (f": {clip(d['error'], 500)}" if d.get("error") else "")
-    return f"[dim]· {escape(str(kind))} {clip(json.dumps(d), 100)}[/dim]"
-
-
-def _usd_u(u: int | None) -> str:
-    return "no cost limit" if u is None else f"${u / 1e6:.6f}".rstrip("0").rstrip(".")
-
-
-def summary(run: dict) -> str:
-    u = run["usage"]
-    steps = f"{run['step_count']} step{'' if run['step_count'] == 1 else 's'}"
-    return (f"{run['status']} · {steps} · {u['total_tokens']:,} tokens "
-            f"({u['prompt_tokens']:,} in, {u['cached_tokens']:,} cached, {u['completion_tokens']:,} out) · "
-            f"${run['cost_usd']} · {run['id']}")
-
-
-def budget_text(b: dict) -> str:
-    cost = f"${b['cost_budget_usd']}" if b["cost_budget_usd"] else "no cost limit"
-    return f"{b['token_budget'] or '∞'} tokens, {cost}"
-
-
+# ---- following a run -------------------------------------------------------------------------------------
 def follow(server: Server, run_id: str, after: int = 0) -> dict:
     """Print the run's events as they happen until it ends; then its result and totals. Returns the run."""
     try:

@@ -6,7 +6,7 @@ up every batch where it stood. Per-line progress is the batch's journal (batch_l
 line is billed under `ledger.batch_request_id(batch_id, custom_id)`, which the ledger keeps unique,
 so a line that runs again after a crash is never billed twice.
 
-Each line goes through the same route code as an HTTP call (`routes.call_route`), with two things
+Each line goes through the same route code as an HTTP call (`route_call.call_route`), with two things
 swapped for batch work: the engine priority (BATCH_PRIORITY, after every interactive request) and the
 economics (tier "batch", priced as the base model, billed to the key that created the batch, and
 exempt from that key's per-minute limits: batch work fills idle capacity, it must not eat the rate
@@ -31,14 +31,15 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select, update
+from sqlalchemy.engine import CursorResult
 
 from mainspring.api.batch_lines import (BatchInputError, Journal, Line, Plan, is_success, plan_batch,
                                         response_record, split_results, writer)
 from mainspring.api.errors import APIError, error_body
-from mainspring.api.routes import call_route
+from mainspring.api.route_call import call_route
 from mainspring.api.routes.files import content_path, store_file
 from mainspring.billing import budgets, ledger
 from mainspring.billing.budgets import BudgetExceeded
@@ -281,9 +282,12 @@ class BatchRunner:
         await asyncio.to_thread(journal.remove)
 
     # ---- database steps (worker threads) ------------------------------------------------------------------
-    def _load(self, batch_id: str) -> BatchRow | None:
+    def _load(self, batch_id: str) -> BatchRow:
         with session(self.db, readonly=True) as s:
-            return s.get(BatchRow, batch_id)
+            row = s.get(BatchRow, batch_id)
+        if row is None:
+            raise LookupError(f"batch {batch_id} is no longer in the database")
+        return row
 
     def _file(self, file_id: str) -> FileRow:
         with session(self.db, readonly=True) as s:
@@ -302,8 +306,10 @@ class BatchRunner:
     def _move(self, batch_id: str, from_: tuple[str, ...], to: str, **values: Any) -> bool:
         """status from_ -> to (conditional: a cancel that came in between is never overwritten)."""
         with session(self.db) as s:
-            res = s.execute(update(BatchRow).where(BatchRow.id == batch_id, BatchRow.status.in_(from_))
-                            .values(status=to, **values))
+            # an UPDATE returns a CursorResult (with rowcount); Session.execute is typed as the general Result
+            res = cast(CursorResult, s.execute(update(BatchRow).where(BatchRow.id == batch_id,
+                                                                      BatchRow.status.in_(from_))
+                                               .values(status=to, **values)))
             return res.rowcount == 1
 
     def _begin(self, batch_id: str, plan: Plan, done: dict[int, dict]) -> BatchRow:
@@ -311,6 +317,8 @@ class BatchRunner:
         completed = sum(1 for r in done.values() if is_success(r))
         with session(self.db) as s:
             row = s.get(BatchRow, batch_id)
+            if row is None:
+                raise LookupError(f"batch {batch_id} is no longer in the database")
             if row.status == "validating":
                 row.status, row.in_progress_at = "in_progress", datetime.now(timezone.utc)
             row.request_counts_total = plan.total

@@ -34,6 +34,7 @@ import httpx
 import yaml
 from fastapi import Request
 from fastapi.responses import Response
+from httpx_sse import EventSource
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mainspring.api import hooks
@@ -365,11 +366,12 @@ async def _relay(call: _Call, up: UpstreamConfig, resp: httpx.Response, include_
     when the client did not ask for it. Closing this generator closes the upstream request."""
     status = "stream_interrupted"  # unless the upstream finishes: the client broke off
     failed = False  # an in-band error event from the upstream
+    events = EventSource(resp).aiter_sse()
     try:
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, ": keep-alive" comments
-            data = line[5:].strip()
+        async for sse in events:
+            data = sse.data
+            if not data:
+                continue  # nothing to relay: a `retry:` or a bare `id:` (comments are dropped by the parser)
             if data == "[DONE]":
                 status = "error" if failed else "ok"
                 break
@@ -388,7 +390,8 @@ async def _relay(call: _Call, up: UpstreamConfig, resp: httpx.Response, include_
                         event.pop("usage")
                         data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
                 _collect(event.get("choices"), call.texts, call.finish)
-            yield f"data: {data}\n\n"
+            # each line of a multi-line `data` goes out on its own `data:` line, or the frame would break
+            yield "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
         else:  # the upstream ended without [DONE]; complete if it got as far as usage
             status = "ok" if call.usage and not failed else "error"
         yield DONE
@@ -398,5 +401,6 @@ async def _relay(call: _Call, up: UpstreamConfig, resp: httpx.Response, include_
         yield DONE
     finally:
         with anyio.CancelScope(shield=True):
+            await events.aclose()
             await resp.aclose()
         await call.settle(status)

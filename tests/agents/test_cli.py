@@ -14,12 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import typer
+from httpx_sse import EventSource
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from mainspring.agents.cli import audit_app, describe, parse_sse, run_cmd, runs_app
+from mainspring.agents.cli import audit_app, run_cmd, runs_app
+from mainspring.agents.client import run_events
+from mainspring.agents.render import describe
 from mainspring.store.db import get_engine
 from tests.api.test_agent_routes import PRICED_MODEL, TERMINAL, agent_server, wait_status
 
@@ -205,7 +209,9 @@ def test_audit_verify_works_offline_and_names_the_tampered_entry(tmp_path, monke
 def test_the_view_parses_sse_and_describes_every_event_kind():
     frames = ["retry: 1000", "", ": ping", "", "id: 7", "event: run.created",
               'data: {"id": 7, "run_id": "run_1", "type": "run.created", "data": {"goal": "g"}}', ""]
-    (ev,) = list(parse_sse(frames))
+    stream = httpx.Response(200, headers={"content-type": "text/event-stream"},
+                            text="".join(f + "\n" for f in frames))
+    (ev,) = list(run_events(EventSource(stream)))
     assert describe(ev) == "[bold]▶ run_1[/bold]  goal: g"
     assert describe({"type": "tool.finished", "data": {"name": "x", "status": "failed", "content": "[boom]"}}) \
         == "        [red]x failed[/red] → \\[boom]"  # tool output is escaped, never read as markup

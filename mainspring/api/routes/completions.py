@@ -15,8 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from mainspring.api.errors import APIError, bad_request, error_body
-from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, Job, choice_jobs, fit_max_tokens, new_id, now,
-                                   sampling_params, vllm_guided)
+from mainspring.api.engine_params import fit_max_tokens, sampling_params, vllm_guided
+from mainspring.api.generation import SYSTEM_FINGERPRINT, Generation, Job, choice_jobs, finite, now
+from mainspring.api.routes import new_id
 from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, UsageOut
