@@ -13,10 +13,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.outputs import Usage
-from mainspring.models import (
-    Completion, LocalModel, OpenAICompatibleModel, ScriptedModel, ToolCall, UpstreamError, _local_messages,
-    parse_tool_calls, tool_call_schema,
-)
+from mainspring.models import Completion, LocalModel, OpenAICompatibleModel, ToolCall, UpstreamError
+from mainspring.tool_calls import (ToolChoice, call_schema, openai_messages, openai_tool_choice, openai_tools,
+                                   parse_tool_calls, template_messages)
+from tests.scripted_model import ScriptedModel
 from tests.servers import serve
 
 WEATHER = {"type": "function", "function": {
@@ -171,33 +171,35 @@ def test_remote_unreachable():
 
 # -- tool-call helpers and the scripted model ------------------------------------------------------
 def test_parse_tool_calls():
-    names = {"get_weather"}
-    [call] = parse_tool_calls('```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```', names)
-    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Rome"}
+    tools = openai_tools([WEATHER])
+    _, [call] = parse_tool_calls('```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```', tools)
+    assert call.name == "get_weather" and json.loads(call.arguments_json) == {"city": "Rome"}
     assert call.id.startswith("call_")
-    assert len(parse_tool_calls('[{"name":"get_weather","arguments":"{}"},{"name":"get_weather"}]', names)) == 2
-    assert parse_tool_calls("The weather is nice.", names) == []
-    assert parse_tool_calls('{"name": "rm_rf", "arguments": {}}', names) == []
-    assert parse_tool_calls('{"name": "get_weather", "arguments": {}} and more', names) == []
+    assert len(parse_tool_calls('[{"name":"get_weather","arguments":"{}"},{"name":"get_weather"}]', tools)[1]) == 2
+    assert parse_tool_calls("The weather is nice.", tools) == ("The weather is nice.", [])
+    assert parse_tool_calls('{"name": "rm_rf", "arguments": {}}', tools)[1] == []
 
 
 def test_tool_schema_and_local_messages():
-    schema = tool_call_schema([WEATHER["function"]])
+    tools = openai_tools([WEATHER])
+    schema = call_schema(tools, ToolChoice("required"))
     assert schema["properties"]["name"] == {"const": "get_weather"}
     # only declared arguments: a grammar-led small model would otherwise invent properties forever
     assert schema["properties"]["arguments"]["additionalProperties"] is False
     assert "additionalProperties" not in WEATHER["function"]["parameters"]  # the caller's tool is untouched
-    msgs = _local_messages([
+    msgs, native = template_messages(openai_messages([
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ], "TOOLS")
-    assert msgs[0] == {"role": "system", "content": "Be brief.\n\nTOOLS"}
+    ]), tools, openai_tool_choice(None, tools), chat_template="{{ messages }}")  # a template without tools
+    assert native is None
+    assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("Be brief.\n\n# Tools")
     assert msgs[1]["content"] == "Weather?"
-    assert json.loads(msgs[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Rome"}}
-    assert msgs[3]["role"] == "user" and msgs[3]["content"].endswith("sunny")
+    assert msgs[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    assert msgs[3]["role"] == "user" and 'name="get_weather"' in msgs[3]["content"]
+    assert msgs[3]["content"].endswith("sunny\n</tool_response>")
 
 
 def test_scripted_model():

@@ -52,7 +52,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def from_engine_error(exc: InvalidRequestError, param_names: dict[str, str] | None = None) -> APIError:
     """The engine's InvalidRequestError as a 400; `param_names` maps engine fields to API fields."""
     m = _PARAM_IN_MESSAGE.search(str(exc))
-    param = m.group(1) if m else None
+    param = getattr(exc, "param", None) or (m.group(1) if m else None)
     if param and param_names:
         param = param_names.get(param, param)
     return APIError(400, str(exc), param=param)

@@ -14,4 +14,10 @@ class UnsupportedModelError(EngineError):
 
 
 class InvalidRequestError(EngineError, ValueError):
-    """A sampling parameter or prompt is invalid (e.g. top_p=2, a prompt longer than the context)."""
+    """A sampling parameter or prompt is invalid (e.g. top_p=2, a prompt longer than the context).
+
+    `param` names the request field at fault when the raiser knows it (the API reports it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

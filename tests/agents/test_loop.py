@@ -179,7 +179,8 @@ def test_a_flaky_model_endpoint_is_retried_with_backoff(tmp_path, db_url):
 
 
 def test_a_model_that_keeps_failing_fails_the_run_with_the_reason(tmp_path, db_url):
-    from mainspring.models import ScriptedModel, UpstreamError
+    from mainspring.models import UpstreamError
+    from tests.scripted_model import ScriptedModel
 
     model = ScriptedModel([UpstreamError(400, "bad request: max_tokens too large")])
     rt = make_runtime(tmp_path, db_url, model, {})

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from mainspring.api import hooks
-from mainspring.api.tools import ToolCallStream, ToolSpec, parse_tool_calls
+from mainspring.tool_calls import ToolCallStream, ToolSpec, parse_tool_calls
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from mainspring.api.tools import ToolChoice, ToolSpec, call_schema
+from mainspring.tool_calls import ToolChoice, ToolSpec, call_schema
 
 pytestmark = pytest.mark.slow
 

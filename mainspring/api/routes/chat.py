@@ -3,105 +3,46 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from mainspring.api.errors import APIError, bad_request, error_body
-from mainspring.api.routes import (SYSTEM_FINGERPRINT, Generation, finite, choice_jobs, fit_max_tokens, new_id, now,
-                                   sampling_params, vllm_guided)
+from mainspring.api.engine_params import fit_max_tokens, sampling_params, vllm_guided
+from mainspring.api.generation import SYSTEM_FINGERPRINT, Generation, choice_jobs, finite, now
+from mainspring.api.routes import new_id
 from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
                                     ChatCompletionRequest, ChatDelta, ChatMessage, ChatMessageOut, ChoiceLogprobs,
-                                    ContentPart, FunctionCallOut, TokenLogprobOut, ToolCallDelta, ToolCallOut,
+                                    FunctionCallOut, TokenLogprobOut, ToolCallDelta, ToolCallOut,
                                     TopLogprobOut, UsageOut)
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
-from mainspring.api.tools import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, call_schema, new_call_id,
-                                  openai_tool_choice, parse_answer, template_messages)
+from mainspring.tool_calls import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, finish_reason, guided_decoding,
+                                  openai_messages, openai_tool_choice, parse_answer, render_prompt)
 from mainspring.billing.trace import segments_from_messages
 from mainspring.engine.outputs import TokenLogprob
 from mainspring.engine.tokenizer import Tokenizer
 
 router = APIRouter()
 ENDPOINT = "/v1/chat/completions"
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
-          "function": "tool"}
 
 
 # ---- request -> prompt ------------------------------------------------------------------------------
-def content_text(content: str | list[ContentPart] | None, where: str) -> str:
-    """String content, or text parts joined by newlines; other part types are a 400 (text-only models)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for j, part in enumerate(content):
-        if part.type not in ("text", "input_text") or part.text is None:
-            raise bad_request(f"content parts of type {part.type!r} are not supported; this model reads text only",
-                              param=f"{where}.content[{j}]")
-        texts.append(part.text)
-    return "\n".join(texts)
-
-
 def normalize_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """OpenAI messages -> the normalized form `tools.template_messages` takes."""
-    out: list[dict[str, Any]] = []
-    names_by_id: dict[str, str] = {}
-    for i, m in enumerate(messages):
-        role = _ROLES.get(m.role)
-        if role is None:
-            raise bad_request(f"unknown role {m.role!r}; use system, developer, user, assistant or tool",
-                              param=f"messages[{i}].role")
-        msg: dict[str, Any] = {"role": role, "content": content_text(m.content, f"messages[{i}]")}
-        if m.name:
-            msg["name"] = m.name
-        if role == "assistant" and m.tool_calls:
-            msg["tool_calls"] = []
-            for k, c in enumerate(m.tool_calls):
-                args: Any = c.function.arguments
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        raise bad_request("tool call arguments must be a JSON object",
-                                          param=f"messages[{i}].tool_calls[{k}].function.arguments") from None
-                call_id = c.id or new_call_id()
-                names_by_id[call_id] = c.function.name
-                msg["tool_calls"].append({"id": call_id, "name": c.function.name, "arguments": args})
-        if role == "tool":
-            msg["tool_call_id"] = m.tool_call_id
-            msg["name"] = m.name or names_by_id.get(m.tool_call_id or "", "")
-        out.append(msg)
-    return out
-
-
-def render_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[ToolSpec],
-                  choice: ToolChoice) -> str:
-    msgs, template_tools = template_messages(messages, tools, choice, tokenizer.chat_template)
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tools=template_tools)
+    """The request's messages as `tool_calls` normalizes them (tool call arguments as objects)."""
+    return openai_messages([m.model_dump(exclude_none=True) for m in messages])
 
 
 def _guided(body: ChatCompletionRequest, tools: list[ToolSpec], choice: ToolChoice) -> dict[str, Any]:
-    extras = vllm_guided(body)
     rf = body.response_format
-    if extras and (choice.forced or (rf is not None and rf.type != "text")):
-        raise bad_request("give one output constraint: a forced tool_choice, response_format or vLLM's "
-                          "guided_* / structured_outputs, not several", param=next(iter(extras)))
-    if choice.forced:  # the tool call's own schema wins over response_format
-        return {"guided_json": call_schema(tools, choice)}
-    if extras:
-        return extras
-    if rf is None or rf.type == "text":
-        return {}
-    if rf.type == "json_object":
-        return {"guided_json_object": True}
-    if rf.json_schema is None:
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
         raise bad_request("response_format of type json_schema needs a json_schema object",
                           param="response_format.json_schema")
-    schema = rf.json_schema.schema_
-    return {"guided_json": schema} if schema else {"guided_json_object": True}
+    return guided_decoding(tools, choice, rf.type if rf is not None else "text",
+                           rf.json_schema.schema_ if rf is not None and rf.json_schema is not None else None,
+                           vllm_guided(body))
 
 
 # fields of the SDK's request that would change the answer and that this text-only server cannot honour
@@ -132,11 +73,6 @@ def chat_logprobs(lps: list[TokenLogprob], tokenizer: Tokenizer) -> ChoiceLogpro
 
 def _tool_calls_out(calls: list[ParsedCall]) -> list[ToolCallOut]:
     return [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments_json)) for c in calls]
-
-
-def _finish_reason(calls: list[ParsedCall], engine_reason: str | None) -> str | None:
-    # a forced call that max_tokens cut off is still a (partial) call, but the answer ended on "length"
-    return "tool_calls" if calls and all(c.partial is None for c in calls) else engine_reason
 
 
 @router.post(ENDPOINT)
@@ -178,7 +114,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         choices.append(ChatChoice(
             index=i, message=ChatMessageOut(content=content, tool_calls=_tool_calls_out(calls) or None),
             logprobs=chat_logprobs(out.logprobs, tokenizer) if out.logprobs is not None else None,
-            finish_reason=_finish_reason(calls, out.finish_reason)))
+            finish_reason=finish_reason(calls, out.finish_reason)))
     return ChatCompletion(id=gen.call_id, created=now(), model=model.id, system_fingerprint=SYSTEM_FINGERPRINT,
                           choices=choices, usage=UsageOut.of(gen.usage()))
 
@@ -219,7 +155,7 @@ async def _events(body: ChatCompletionRequest, gen: Generation, stream: AsyncIte
                               for k, (c, f) in enumerate(zip(calls, _tool_calls_out(calls)))]
                     yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(tool_calls=deltas))])
             yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(),
-                                         finish_reason=_finish_reason(calls, out.finish_reason))])
+                                         finish_reason=finish_reason(calls, out.finish_reason))])
         if body.include_usage:
             yield chunk([], UsageOut.of(gen.usage()))
     except Exception as e:  # headers are sent: report in-band, as OpenAI does, then end the stream

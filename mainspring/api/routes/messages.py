@@ -19,13 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from mainspring.api.errors import APIError, bad_request, error_body, from_engine_error
-from mainspring.api.routes import Generation, Job, fit_max_tokens, new_id
-from mainspring.api.routes.chat import render_prompt
+from mainspring.api.engine_params import fit_max_tokens
+from mainspring.api.generation import Generation, Job
+from mainspring.api.routes import new_id
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import AnthropicUsage, ContentBlockIn, MessageOut, MessagesPrompt, MessagesRequest
 from mainspring.api.sse import EventStreamResponse, prime, sse_event
-from mainspring.api.tools import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, anthropic_tool_choice,
-                                  call_schema, parse_answer)
+from mainspring.tool_calls import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, anthropic_tool_choice,
+                                  call_schema, parse_answer, render_prompt)
 from mainspring.engine.tokenizer import Tokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.outputs import RequestOutput

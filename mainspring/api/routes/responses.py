@@ -22,15 +22,16 @@ from sqlalchemy import select
 
 from mainspring.api import upstream
 from mainspring.api.errors import APIError, bad_request, error_body, from_engine_error
-from mainspring.api.routes import Generation, choice_jobs, fit_max_tokens, new_id, now, sampling_params
-from mainspring.api.routes.chat import render_prompt
+from mainspring.api.engine_params import fit_max_tokens, sampling_params
+from mainspring.api.generation import Generation, choice_jobs, now
+from mainspring.api.routes import new_id
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.routes.responses_items import (call_item, conversation, input_items, message_item, output_items,
                                                    response_object, usage_object)
 from mainspring.api.routes.responses_schemas import (ResponseCreateRequest, check_supported, function_tools, guided,
                                                      text_echo, tool_choice)
 from mainspring.api.sse import EventStreamResponse, prime, sse_event
-from mainspring.api.tools import ParsedCall, ToolCallStream, ToolChoice, ToolSpec, parse_answer
+from mainspring.tool_calls import ParsedCall, ToolCallStream, ToolChoice, ToolSpec, parse_answer, render_prompt
 from mainspring.billing.trace import segments_from_messages
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.store.db import session
@@ -186,7 +187,8 @@ class _Events:
     """Typed events with their sequence numbers, and the output items announced so far."""
 
     def __init__(self, turn: _Turn) -> None:
-        self.turn, self.seq, self.output = turn, 0, []
+        self.turn, self.seq = turn, 0
+        self.output: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None  # the open message item
         self.text = ""
 

@@ -18,7 +18,7 @@ from mainspring.api.errors import bad_request
 from mainspring.api.routes import new_id
 from mainspring.api.routes.responses_schemas import field_error
 from mainspring.api.schemas import ContentPart
-from mainspring.api.tools import ParsedCall
+from mainspring.tool_calls import ParsedCall
 from mainspring.engine.outputs import Usage
 
 _LENIENT = ConfigDict(extra="allow")

@@ -16,9 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mainspring.api.errors import APIError, _validation_error, bad_request
-from mainspring.api.routes import vllm_guided
+from mainspring.api.engine_params import vllm_guided
 from mainspring.api.schemas import SamplingFields
-from mainspring.api.tools import ToolChoice, ToolSpec, call_schema, openai_tool_choice
+from mainspring.tool_calls import ToolChoice, ToolSpec, guided_decoding, openai_tool_choice
 
 _LENIENT = ConfigDict(extra="allow", populate_by_name=True)
 # `include` values with nothing to add here: a model without reasoning has no encrypted reasoning to return
@@ -168,26 +168,16 @@ def tool_choice(raw: Any, tools: list[ToolSpec]) -> tuple[ToolChoice, list[ToolS
 def guided(body: ResponseCreateRequest, tools: list[ToolSpec], choice: ToolChoice) -> dict[str, Any]:
     """The constrained decoding of `text.format` (chat's response_format, flat), a forced call's schema, or
     vLLM's guided_* extras; one of them, as on chat completions."""
-    extras = vllm_guided(body)
     fmt = body.text.format if body.text is not None else None
-    if extras and (choice.forced or (fmt is not None and fmt.type != "text")):
-        raise bad_request("give one output constraint: a forced tool_choice, text.format or vLLM's "
-                          "guided_* / structured_outputs, not several", param=next(iter(extras)))
-    if choice.forced:
-        return {"guided_json": call_schema(tools, choice)}
-    if extras:
-        return extras
-    if fmt is None or fmt.type == "text":
-        return {}
-    if fmt.type == "json_object":
-        return {"guided_json_object": True}
-    if fmt.name is None:
-        raise APIError(400, "missing required parameter: 'text.format.name'", param="text.format.name",
-                       code="missing_required_parameter")
-    if fmt.schema_ is None:
-        raise APIError(400, "missing required parameter: 'text.format.schema'", param="text.format.schema",
-                       code="missing_required_parameter")
-    return {"guided_json": fmt.schema_} if fmt.schema_ else {"guided_json_object": True}
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.name is None:
+            raise APIError(400, "missing required parameter: 'text.format.name'", param="text.format.name",
+                           code="missing_required_parameter")
+        if fmt.schema_ is None:
+            raise APIError(400, "missing required parameter: 'text.format.schema'", param="text.format.schema",
+                           code="missing_required_parameter")
+    return guided_decoding(tools, choice, fmt.type if fmt is not None else "text",
+                           fmt.schema_ if fmt is not None else None, vllm_guided(body), fmt_param="text.format")
 
 
 def text_echo(text: TextConfig | None) -> dict[str, Any]:
