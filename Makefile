@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: up down install system test test-fast bench clean
+.PHONY: up down install system lint test test-fast bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,14 +38,18 @@ up: install  ## install what is missing, start the server on the embedded model,
 down:
 	$(VENV)/bin/mainspring down
 
-test: $(VENV)/.installed-test  ## the whole suite, as CI runs it
+lint: $(VENV)/.installed-test  ## ruff (correctness rules) and mypy (settings in pyproject.toml)
+	$(VENV)/bin/ruff check mainspring tests bench
+	$(VENV)/bin/mypy
+
+test: $(VENV)/.installed-test lint  ## the whole suite, as CI runs it
 	$(VENV)/bin/pytest -q
 
-test-fast: $(VENV)/.installed-test
+test-fast: $(VENV)/.installed-test lint
 	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: install  ## bench/engine.py needs the bench extra: pip install -e '.[bench]'
 	$(PY) bench/engine.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .cache/mypy .cache/ruff

@@ -169,7 +169,7 @@ def main() -> None:
             print(f"running {e} on workload {w} ...", file=sys.stderr, flush=True)
             proc = subprocess.run([sys.executable, __file__, "--child", e, w, "--threads", str(args.threads)],
                                   capture_output=True, text=True, env=env)
-            line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
             if proc.returncode or line is None:
                 print(f"{e}/{w} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
                 continue

@@ -115,7 +115,7 @@ def markdown(report: dict) -> str:
             ch = r["changes"]
 
             def cell(name: str) -> str:
-                c = ch.get(name)
+                c = ch.get(name)  # noqa: B023 (cell is called within this iteration only)
                 return f"{c['delta']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c else "-"
             lines.append(f"| {mode} | {cell('terse')} | {cell('verbose')} | "
                          f"{'green' if r['gate_passed'] else 'red'} |")

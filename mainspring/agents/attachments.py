@@ -69,8 +69,11 @@ class AttachmentPolicy:
         for kind, value in raw.items():
             if kind not in KINDS:
                 raise AttachmentRefused(f"unknown attachment {kind!r}; use one of {', '.join(KINDS)}")
-            ids = value if isinstance(value, list) else [value] if value.startswith(FILE_ID_PREFIX) else None
-            if ids is None:
+            if isinstance(value, list):
+                ids = value
+            elif value.startswith(FILE_ID_PREFIX):
+                ids = [value]
+            else:
                 out[kind] = str(self._existing(kind, self.check_path(kind, value)))
                 continue
             files = self._uploaded(db_url, project_id, ids, kind)

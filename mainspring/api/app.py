@@ -49,16 +49,17 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
             if settings.fast_variant:  # "<model>-fast": int4 weights + speculative decoding, same tokenizer
                 from mainspring.engine.fast_variant import build_fast_engine
 
-                app.state.fast_engine = AsyncLLMEngine(
-                    build_fast_engine(settings, loaded, settings.fast_speculative or None))
+                app.state.fast_engine = AsyncLLMEngine(build_fast_engine(settings, loaded))
         app.state.started = time.time()
         from mainspring.api.batch_runner import BatchRunner  # needs the engine: started here, stopped first
 
         app.state.batch_runner = BatchRunner(app)
         await app.state.batch_runner.start()
-        from mainspring.agents.runtime import AgentRuntime, app_models  # needs the engine, stopped before it
+        from mainspring.agents.runtime import AgentRuntime  # needs the engine, stopped before it
+        from mainspring.api.agent_models import AppModels
 
-        app.state.agents = AgentRuntime(settings, models=agent_models or app_models(app), tools=agent_tools)
+        models = agent_models or AppModels(app.state.engine, app.state.upstreams, app.state.finetuned, settings.model)
+        app.state.agents = AgentRuntime(settings, models=models, tools=agent_tools)
         await app.state.agents.start()
         from mainspring.train.jobs import FineTuningRunner  # resumes the job a restart cut off
 

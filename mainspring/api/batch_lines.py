@@ -82,7 +82,7 @@ def plan_batch(path: Path, endpoint: str) -> Plan:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise BatchInputError("invalid_file_format", "the input file is not UTF-8 JSONL") from None
-    plan, seen = Plan(), set()
+    plan, seen = Plan(), set[str]()
     # split on "\n" only: str.splitlines() would also cut at U+2028, which JSON strings may contain raw
     for no, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from mainspring.api.errors import APIError
-from mainspring.api.ratelimit import RateLimiter, RateLimited
+from mainspring.api.ratelimit import RateLimitedCall, RateLimiter, RateLimited
 from mainspring.billing.budgets import BudgetExceeded, Reservation
 from mainspring.billing.keys import effective_limits, verify_key
 from mainspring.billing.metering import Meter
@@ -27,7 +27,7 @@ class Admission:
     """Handed from before_call to after_call."""
 
     reservation: Reservation
-    call: object  # the rate limiter's entry, settled to the real token count
+    call: RateLimitedCall  # the rate limiter's entry, settled to the real token count
 
 
 class Economics:

@@ -16,7 +16,7 @@ WINDOW_S = 60.0
 
 
 @dataclass
-class _Call:
+class RateLimitedCall:
     at: float
     tokens: int
 
@@ -33,11 +33,11 @@ class RateLimited(Exception):
 
 class RateLimiter:
     def __init__(self, clock=time.monotonic) -> None:
-        self._calls: dict[str, deque[_Call]] = {}
+        self._calls: dict[str, deque[RateLimitedCall]] = {}
         self._lock = threading.Lock()
         self._clock = clock
 
-    def admit(self, key: str, rpm: int, tpm: int, tokens: int) -> _Call:
+    def admit(self, key: str, rpm: int, tpm: int, tokens: int) -> RateLimitedCall:
         """Count a call of up to `tokens` tokens, or raise RateLimited; 0 = no limit.
 
         The estimate (prompt + max output) is replaced by the real count in `settle`, so a
@@ -65,10 +65,10 @@ class RateLimiter:
                             break
                     raise RateLimited(f"rate limit reached: {tpm} tokens per minute for this key "
                                       f"({used} used); retry in {math.ceil(wait)} s", wait)
-            call = _Call(now, tokens)
+            call = RateLimitedCall(now, tokens)
             calls.append(call)
             return call
 
-    def settle(self, call: _Call, tokens: int) -> None:
+    def settle(self, call: RateLimitedCall, tokens: int) -> None:
         with self._lock:
             call.tokens = tokens

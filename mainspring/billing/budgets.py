@@ -108,7 +108,7 @@ def budgets_for(session: Session, key: ApiKey, lock: bool = False) -> list[Budge
 def outstanding_u(session: Session, budget_id: int, now: datetime) -> int:
     q = select(func.coalesce(func.sum(ReservationRow.reserved_u), 0)).where(
         ReservationRow.budget_id == budget_id, ReservationRow.settled.is_(False), ReservationRow.expires_at > now)
-    return int(session.scalar(q))
+    return int(session.scalar(q) or 0)
 
 
 def spent_u(session: Session, budget: Budget, now: datetime) -> int:

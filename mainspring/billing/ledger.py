@@ -117,7 +117,7 @@ def spend(session: Session, scope: Scope, scope_id: str | int, since: datetime |
         col == (int(scope_id) if scope == "project" else str(scope_id)))
     if since is not None:
         q = q.where(LedgerEntry.ts >= since)
-    return int(session.scalar(q))
+    return int(session.scalar(q) or 0)
 
 
 def entries(session: Session, request_id: str | None = None, batch_id: str | None = None) -> list[LedgerEntry]:

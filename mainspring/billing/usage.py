@@ -16,10 +16,13 @@ _TO_ANTHROPIC_TIER = {"standard": "standard", "fast": "priority", "batch": "batc
 _FROM_ANTHROPIC_TIER = {v: k for k, v in _TO_ANTHROPIC_TIER.items()}
 
 
-class EngineUsage(Protocol):
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
+class EngineUsage(Protocol):  # read-only members: the engine's Usage is a frozen dataclass
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,11 @@ class AsyncLLMEngine:
         try:
             rid = await asyncio.shield(adding)
         except asyncio.CancelledError:  # the thread still adds it: abort once it has, or it runs for nobody
-            adding.add_done_callback(lambda f: f.cancelled() or f.exception() or self.abort(f.result()))
+            def abort_once_added(f: asyncio.Future[str]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    self.abort(f.result())
+
+            adding.add_done_callback(abort_once_added)
             raise
         finished = False
         try:

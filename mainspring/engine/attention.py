@@ -9,6 +9,7 @@ prompt would copy ~80 MB of K/V per layer per step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,9 @@ import torch.nn.functional as F
 
 from mainspring.engine.kv_policy import KVPolicy
 from mainspring.engine.sparse_attention import ColdLoader, SparseSegment, build_segment, sparse_attention
+
+# (block_table, cold blocks, start, num_tokens, policy, rows to observe for SnapKV)
+SparseRow = tuple[list[int], dict[int, int], int, int, KVPolicy, int]
 
 
 @dataclass
@@ -48,7 +52,7 @@ class AttentionMetadata:
         decode_rows: list[tuple[list[int], int]],
         prefill_rows: list[tuple[list[int], int, int]],
         block_size: int,
-        sparse_rows: list[tuple[list[int], dict[int, int], int, int, KVPolicy, int]] = (),
+        sparse_rows: Sequence[SparseRow] = (),
         inv_freq: torch.Tensor | None = None,
     ) -> "AttentionMetadata":
         """decode_rows: (block_table, ctx_len); prefill_rows: (block_table, start, num_tokens);
@@ -72,6 +76,7 @@ class AttentionMetadata:
             q_start += num
         sparse = []
         for block_table, cold, start, num, policy, *observe in sparse_rows:
+            assert inv_freq is not None, "sparse rows need RoPE's inv_freq"
             slots.append(torch.tensor([_slot(block_table, p, block_size) for p in range(start, start + num)]))
             sparse.append(build_segment(q_start, block_table, cold, start, num, policy, block_size, inv_freq,
                                         *observe))
@@ -111,6 +116,7 @@ def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeB
         if len(t) < width:
             # pad with a real slot so V never holds uninitialised memory (0 * NaN = NaN)
             suffix[i, len(t) :] = t[0] if len(t) else prefix_slots[0]
+            assert mask is not None  # made above whenever a tail is short
             mask[i, 0, 0, len(t) :] = float("-inf")
     return DecodeBatch(len(rows), prefix_slots, suffix, mask)
 

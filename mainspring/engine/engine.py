@@ -7,7 +7,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence as Seq
+from typing import Sequence as Seq, cast
 
 import torch
 from rich.progress import Progress
@@ -19,17 +19,17 @@ from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
-from mainspring.engine.kv_policy import engine_policy, request_policy
+from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
 from mainspring.engine.model import CausalLM
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
 from mainspring.engine.params import SamplingParams
-from mainspring.engine.sampler import Sampler, score_tokens
+from mainspring.engine.sampler import SampleLogprobs, Sampler, score_tokens
 from mainspring.engine.scheduler import ScheduledSeq, Scheduler
 from mainspring.engine.sequence import Sequence, SequenceStatus
 from mainspring.engine.quant_cache import quantize_for_engine
-from mainspring.engine.speculative import SpeculativeConfig, SpeculativeDecoder
+from mainspring.engine.speculative import SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class LLMEngine:
             1, self.config.kv_cache_mb * 2**20 // kv_bytes_per_block(self.model, bs))
         self.block_manager = BlockManager(num_blocks, bs, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.kv_policy = engine_policy(self.config.kv_policy)
+        self.kv_policy = self.config.kv_policy.default if self.config.kv_policy else KVPolicy()
         cold = self._cold_store(num_blocks)
         self.block_manager.cold_store = cold
         self.runner = ModelRunner(self.model, num_blocks, bs, cold)
@@ -75,8 +75,7 @@ class LLMEngine:
         self.sampler = Sampler(self.tokenizer.eos_token_ids)
         self.spec: SpeculativeDecoder | None = None
         if self.config.speculative:
-            self.spec = SpeculativeDecoder(SpeculativeConfig.from_dict(self.config.speculative), self.sampler,
-                                           self.model, self.runner.kv_cache, bs)
+            self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
         log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d",
                  self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)
@@ -87,18 +86,18 @@ class LLMEngine:
     def _cold_store(self, num_blocks: int):
         """The quantized cold tier, when the KV policy names one; as many blocks as fit in the
         same memory budget as the hot pool."""
-        cfg = self.config.kv_policy or {}
-        if "bits" not in cfg and "hot" not in cfg:
+        bits = self.config.kv_policy.cold_bits if self.config.kv_policy else None
+        if bits is None:
             return None
         from mainspring.engine.kv_quant import ColdKVStore
 
         c = self.model_config
         group = min(32, c.head_dim)  # KIVI's value groups of 32 channels, or the whole head if smaller
         per_block = ColdKVStore.cost_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                                               cfg.get("bits", 8), self.config.block_size, group) * self.config.block_size
+                                               bits, self.config.block_size, group) * self.config.block_size
         n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
         return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
-                           cfg.get("bits", 8), group)
+                           bits, group)
 
     def _disk_tier(self, loaded: LoadedModel) -> DiskKVTier | None:
         """The prefix cache's disk tier, when kv_disk_cache_mb asks for one. Its files are keyed by
@@ -107,7 +106,7 @@ class LLMEngine:
         cfg, c = self.config, self.model_config
         if cfg.kv_disk_cache_mb <= 0 or not cfg.enable_prefix_caching:
             return None
-        root = Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else Settings().cache_dir / "kv"
+        root = Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else get_settings().cache_dir / "kv"
         variant = f"{cfg.quantization}-g{cfg.quant_group_size}" if self.quant_report is not None else ""
         shape = (c.num_hidden_layers, cfg.block_size, c.num_key_value_heads, c.head_dim)
         fingerprint = model_fingerprint(loaded.path, *shape, variant=variant)
@@ -233,8 +232,9 @@ class LLMEngine:
             if req is None:
                 continue
             tokens = new_tokens[seq.seq_id]
-            lps = ([self._token_logprob(t, lp) for t, lp in zip(tokens, raw_lps[seq.seq_id])]
-                   if req.logprobs is not None else [None] * len(tokens))
+            lps: list[TokenLogprob | None] = [None] * len(tokens)
+            if req.logprobs is not None:  # asked for: the sampler scored these tokens
+                lps = [None if lp is None else self._token_logprob(t, lp) for t, lp in zip(tokens, raw_lps[seq.seq_id])]
             outputs.append(self._advance(req, tokens, lps))
         return outputs
 
@@ -271,7 +271,9 @@ class LLMEngine:
         decoding) in order, each as if it had come alone; the ones after a stop are dropped."""
         seq, p = req.seq, req.seq.params
         first_out = seq.num_output_tokens - len(tokens)  # output tokens before this step
-        delta, reason, stop, kept = "", None, None, 0
+        delta, kept = "", 0
+        reason: str | None = None
+        stop: str | int | None = None  # the stop token id or stop string that ended the request
         if p.max_tokens == 0:  # scoring the prompt only: the token sampled after it is dropped
             tokens, lps, reason = [], [], "length"
         for token, lp in zip(tokens, lps):
@@ -293,7 +295,7 @@ class LLMEngine:
                 token in p.stop_token_ids or (not p.ignore_eos and eos))) or (grammar_end and eos) or rejected
             # like vLLM: a stop token's own text is not part of the output unless asked for
             delta += req.detok.add(token) if not stop_token or p.include_stop_str_in_output else ""
-            if lp is not None:
+            if lp is not None and req.logprobs is not None:  # lp is None unless logprobs were asked for
                 req.logprobs.append(lp)
             if stop_token:
                 reason, stop = "stop", (token if token in p.stop_token_ids else None)
@@ -338,7 +340,7 @@ class LLMEngine:
             usage=Usage(seq.num_prompt_tokens, seq.usage_cached_tokens or 0, seq.num_output_tokens),
         )
 
-    def _token_logprob(self, token: int, raw) -> TokenLogprob:
+    def _token_logprob(self, token: int, raw: SampleLogprobs) -> TokenLogprob:
         chosen, top = raw
         text = self.tokenizer.token_text
         return TokenLogprob(token, text(token), chosen, tuple(TopLogprob(t, text(t), lp) for t, lp in top))
@@ -347,12 +349,16 @@ class LLMEngine:
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Runs every prompt to completion with continuous batching; outputs in prompt order."""
+        # One prompt (text, or token ids: a list of ints) or several. A list is told by its first item,
+        # which mypy cannot narrow on: hence the casts.
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        plist = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
-        if len(plist) != len(prompts):
-            raise InvalidRequestError(f"got {len(plist)} sampling params for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+            batch: list[Prompt] = [cast(Prompt, prompts)]
+        else:
+            batch = list(cast(Seq[Prompt], prompts))
+        plist = params if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(batch)
+        if len(plist) != len(batch):
+            raise InvalidRequestError(f"got {len(plist)} sampling params for {len(batch)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(batch, plist)]
         final: dict[str, RequestOutput] = {}
         with Progress(disable=not use_tqdm, transient=True) as bar:
             task = bar.add_task("generating", total=len(ids))

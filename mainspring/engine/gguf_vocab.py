@@ -63,7 +63,7 @@ def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
-    split = _SPLIT_BY_PRE.get(pre)
+    split = _SPLIT_BY_PRE.get(pre) if pre is not None else None
     if split is not None:
         return pre_tokenizers.Sequence(
             [
@@ -138,8 +138,7 @@ def build_gguf_tokenizer(meta: dict[str, Any], source: str) -> tuple[HFTokenizer
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
-        single = (["<bos>"] if add_bos else []) + ["$A"] + (["<eos>"] if add_eos else [])
-        single = [bos if s == "<bos>" else eos if s == "<eos>" else s for s in single]
+        single = [s for s in (bos if add_bos else None, "$A", eos if add_eos else None) if s is not None]
         specials = [(t, vocab[spell(t)]) for t in {bos if add_bos else None, eos if add_eos else None} if t]
         tk.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
     else:

@@ -30,6 +30,7 @@ from mainspring.engine.params import SamplingParams
 
 if TYPE_CHECKING:
     import llguidance
+    from llguidance._lib import JsonCompileOptions  # stubs only: not re-exported at runtime
 
     from mainspring.engine.tokenizer import Tokenizer
 
@@ -44,7 +45,7 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 # spend its whole budget on newlines and spaces there. Bounding each run (enough for a newline and
 # indentation ~20 levels deep) keeps pretty-printing possible and runaway whitespace impossible.
 # These are defaults: a schema's own "x-guidance" options override them.
-_JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,40}"}
+_JSON_DEFAULTS: JsonCompileOptions = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,40}"}
 
 
 def bitmask_words(vocab_size: int) -> int:

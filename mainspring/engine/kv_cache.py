@@ -19,12 +19,13 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from mainspring.engine.sequence import Sequence
 
 if TYPE_CHECKING:  # kv_offload imports torch; this module stays bookkeeping only
     from mainspring.engine.kv_offload import DiskKVTier
+    from mainspring.engine.kv_quant import ColdKVStore
 
 
 def hash_block_tokens(parent: bytes | None, token_ids: Seq[int], salt: str | None = None) -> bytes:
@@ -98,7 +99,7 @@ class BlockManager:
         self._hits = 0
         # the cold tier's pool (kv_quant.ColdKVStore) when the engine has one: deallocate frees
         # a sequence's cold blocks there too
-        self.cold_store = None
+        self.cold_store: ColdKVStore | None = None
         # the disk tier when the engine has one: evicted prefix blocks spill to it, lookups continue on it
         self.disk: DiskKVTier | None = None
 
@@ -145,8 +146,12 @@ class BlockManager:
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of `seq`'s longest cached chain up to its first disk hit (what `allocate`
         reuses as they are; without a disk tier, the whole chain)."""
-        chain = self._match(seq)
-        return chain[: next((i for i, x in enumerate(chain) if isinstance(x, bytes)), len(chain))]
+        out: list[int] = []
+        for x in self._match(seq):
+            if isinstance(x, bytes):
+                break
+            out.append(x)
+        return out
 
     def _match(self, seq: Sequence) -> list[int | bytes]:
         """The longest cached chain for `seq`: per block, its id if it is in memory, else its hash
@@ -208,7 +213,7 @@ class BlockManager:
         n, after_disk = 0, False
         for x in chain:
             after_disk = after_disk or isinstance(x, bytes)
-            n += after_disk or self.blocks[x].ref_count == 0
+            n += after_disk or (isinstance(x, int) and self.blocks[x].ref_count == 0)
         return n + self._fresh_needed(seq, len(chain), limit)
 
     # ---- allocation ------------------------------------------------------------------------
@@ -233,7 +238,8 @@ class BlockManager:
                 if b.ref_count == 0:
                     del self._free[x]
                 b.ref_count += 1
-        table = self._load_chain(seq, chain) if self.disk is not None else chain
+        # without a disk tier the chain holds block ids only
+        table = self._load_chain(seq, chain) if self.disk is not None else cast("list[int]", chain)
         hits = len(table)
         table.extend(self._pop_free() for _ in range(self._fresh_needed(seq, hits, limit)))
         seq.block_table = table
@@ -250,11 +256,13 @@ class BlockManager:
     def _load_chain(self, seq: Sequence, chain: list[int | bytes]) -> list[int]:
         """Block ids for `chain`: memory hits as they are, disk hits loaded into fresh blocks and
         registered. A failed load (file gone or corrupt) ends the chain there; the rest is computed."""
-        bs, table = self.block_size, []
+        bs, disk = self.block_size, self.disk
+        assert disk is not None  # allocate calls this only with a disk tier
+        table: list[int] = []
         for i, x in enumerate(chain):
             if isinstance(x, bytes):
                 bid = self._pop_free()  # may spill an evicted block to disk first
-                if not self.disk.load(bid, x):
+                if not disk.load(bid, x):
                     self._release(bid)  # unhashed: back to the head of the free queue
                     for y in chain[i + 1 :]:
                         if isinstance(y, int):
@@ -325,6 +333,7 @@ class BlockManager:
                 seq.block_table[i] = -1
             cid = seq.cold_blocks.pop(i, None)
             if cid is not None:
+                assert self.cold_store is not None  # cold blocks exist only with a cold tier
                 self.cold_store.free([cid])
 
     def deallocate(self, seq: Sequence) -> None:
@@ -335,6 +344,7 @@ class BlockManager:
             if bid >= 0:
                 self._release(bid)
         if seq.cold_blocks:
+            assert self.cold_store is not None  # cold blocks exist only with a cold tier
             self.cold_store.free(list(seq.cold_blocks.values()))
             seq.cold_blocks = {}
         seq.kv_drop_from = seq.kv_demote_from = 0

@@ -63,6 +63,11 @@ class DiskKVStats:
     nbytes: int
 
 
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """A view of a contiguous CPU tensor's memory (no copy)."""
+    return memoryview(t.numpy())  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ on Python >= 3.12 only
+
+
 def model_fingerprint(model_path: str | Path, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                       dtype: str = "float32", *, variant: str = "") -> str:
     """Identity of the KV a model computes: its weights (path, size and mtime of the GGUF file, or
@@ -169,7 +174,7 @@ class DiskKVCache:
         if path.exists():  # another process wrote it
             self._add(block_hash, size)
             return
-        payload = memoryview(torch.stack((k.detach(), v.detach())).cpu().contiguous().numpy()).cast("B")
+        payload = _bytes_of(torch.stack((k.detach(), v.detach())).cpu().contiguous()).cast("B")
         header = _HEADER.pack(_MAGIC, block_hash, *k.shape, zlib.crc32(payload))
         try:
             self._write_atomic(path, [header.ljust(_HEADER_LEN, b"\0"), payload])
@@ -222,7 +227,7 @@ class DiskKVCache:
         try:
             with open(path, "rb", buffering=0) as f:
                 buf = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)  # not zeroed
-                n = f.readinto(buf.numpy())
+                n = f.readinto(_bytes_of(buf))
         except FileNotFoundError:
             self._drop(block_hash)
             self._misses += 1
@@ -255,7 +260,7 @@ class DiskKVCache:
         return kv
 
     def _decode(self, buf: torch.Tensor, n: int, block_hash: bytes) -> tuple[torch.Tensor, torch.Tensor] | None:
-        raw = memoryview(buf.numpy())
+        raw = _bytes_of(buf)
         if n != len(raw) or n < _HEADER_LEN:
             return None
         magic, h, *dims, crc = _HEADER.unpack_from(raw)

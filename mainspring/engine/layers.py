@@ -27,6 +27,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind in (None, "default"):
         return inv_freq.float()
+    assert scaling is not None  # without scaling the kind is "default"
     factor = float(scaling["factor"])
     if kind == "linear":
         return (inv_freq / factor).float()
@@ -45,6 +46,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
 
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE (the Hugging Face layout) with a precomputed cos/sin table."""
+
+    # buffers (register_buffer), declared for the type checker
+    inv_freq: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from mainspring.engine.attention import AttentionMetadata
+from mainspring.engine.attention import AttentionMetadata, SparseRow
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_policy import SNAP_OBSERVE, plan_blocks, snap_plan
 from mainspring.engine.model import CausalLM
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from mainspring.engine.kv_quant import ColdKVStore
 
 
 def _offsets(start: int, chunks: list[ScheduledSeq]) -> list[int]:
@@ -27,7 +32,8 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, cold_store=None) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
+                 cold_store: ColdKVStore | None = None) -> None:
         c = model.config
         self.model = model
         self.block_size = block_size
@@ -78,6 +84,7 @@ class ModelRunner:
         slots = (torch.tensor(block_ids)[:, None] * bs + torch.arange(bs)).flatten()
         kv = self.cache[:, :, slots]  # [L, 2, n*bs, KVH, D]
         shape = (kv.shape[0], len(block_ids), bs, *kv.shape[3:])
+        assert self.cold_store is not None  # blocks are demoted only into a cold tier
         self.cold_store.store(torch.tensor(cold_ids), kv[:, 0].reshape(shape), kv[:, 1].reshape(shape))
 
     @torch.inference_mode()
@@ -147,8 +154,7 @@ class ModelRunner:
             [(s.seq.block_table, s.seq.num_computed_tokens + 1) for s in decodes],
             [(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens) for s in prefills],
             self.block_size,
-            [(s.seq.block_table, s.seq.cold_blocks, s.seq.num_computed_tokens, s.num_tokens, s.seq.kv_policy,
-              self._observe(s)) for s in sparse],
+            [self._sparse_row(s) for s in sparse],
             self.model.rope.inv_freq,
         )
         hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta)
@@ -158,7 +164,9 @@ class ModelRunner:
         return hidden, decodes, chunks
 
     @staticmethod
-    def _observe(s: ScheduledSeq) -> int:
-        """SnapKV watches the chunk that completes a prompt, once per admission."""
+    def _sparse_row(s: ScheduledSeq) -> SparseRow:
         p = s.seq.kv_policy
-        return SNAP_OBSERVE if p.snap_tokens is not None and not s.seq.kv_snapped and s.samples else 0
+        assert p is not None  # _forward routes only sequences under a policy here
+        # SnapKV watches the chunk that completes a prompt, once per admission
+        observe = SNAP_OBSERVE if p.snap_tokens is not None and not s.seq.kv_snapped and s.samples else 0
+        return s.seq.block_table, s.seq.cold_blocks, s.seq.num_computed_tokens, s.num_tokens, p, observe

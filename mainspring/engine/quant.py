@@ -186,6 +186,12 @@ class Int4Linear(nn.Module):
     dequantized weight in bf16), else the kernel too. Input and output dtype stay the caller's.
     """
 
+    # buffers (register_buffer), declared for the type checker
+    packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    bias: torch.Tensor | None
+    dense_weight: torch.Tensor | None
+
     def __init__(self, q: Int4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None,
                  dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS) -> None:
         super().__init__()

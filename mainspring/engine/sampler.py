@@ -1,6 +1,6 @@
 """Turns one decode step's logits into next tokens, per request: penalties, logit_bias, min_tokens,
-greedy or temperature + top-k/top-p/min-p sampling, per-request seeds, and logprobs of the raw
-distribution.
+greedy or temperature + top-k/top-p/min-p sampling (the truncation itself: engine/truncation.py),
+per-request seeds, and logprobs of the raw distribution.
 
 Everything is vectorized over the batch; work that only some rows need (penalties, filters, seeded
 noise, logprobs) runs on the sub-batch of those rows, so an all-greedy or all-default batch costs a
@@ -18,7 +18,8 @@ import torch
 
 from mainspring.engine.grammar import apply_bitmask_, bitmask_words
 from mainspring.engine.params import SamplingParams
-from mainspring.engine.sequence import Sequence
+from mainspring.engine.truncation import apply_filters
+
 
 # torch.Generator.manual_seed takes 64 bits; OpenAI-style seeds are arbitrary ints, so fold them.
 _SEED_MASK = (1 << 64) - 1
@@ -26,6 +27,21 @@ _TINY = torch.finfo(torch.float32).tiny
 # Temperatures this small are greedy in all but name, and dividing logits by them can overflow (vLLM
 # uses the same cut-off).
 _GREEDY_EPS = 1e-5
+
+
+class SampledSeq(Protocol):
+    """What the sampler reads of a sequence: a `Sequence`, or speculative's `DraftView` of one."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def seq_id(self) -> int: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 class SampleLogprobs(NamedTuple):
@@ -68,7 +84,7 @@ class Sampler:
     def num_seeded(self) -> int:
         return len(self._generators)
 
-    def __call__(self, logits: torch.Tensor, seqs: SequenceABC[Sequence],
+    def __call__(self, logits: torch.Tensor, seqs: SequenceABC[SampledSeq],
                  masks: Mapping[int, TokenMask] | None = None) -> SamplerOutput:
         """`masks` maps a row to its constraint (guided decoding): tokens it disallows get -inf
         before penalties, temperature and filters, so greedy and sampling only pick allowed tokens;
@@ -95,7 +111,7 @@ class Sampler:
         token_ids: list[int] = tokens.tolist()
         return SamplerOutput(token_ids, _logprobs(raw, token_ids, params))
 
-    def apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
+    def apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         """Steps 1-2 as fp32 logits: repetition / presence / frequency penalties and logit_bias, then
         EOS and stop_token_ids masked (-inf) for rows still below min_tokens. Never edits `logits`
         itself."""
@@ -129,7 +145,7 @@ class Sampler:
             self._mask_stop_tokens(logits, min_tok_rows, params)
         return logits
 
-    def _distinct_prompt_ids(self, seq: Sequence, device: torch.device) -> torch.Tensor:
+    def _distinct_prompt_ids(self, seq: SampledSeq, device: torch.device) -> torch.Tensor:
         ids = self._prompt_ids.get(seq.seq_id)
         if ids is None:
             ids = torch.unique(_ids(seq.prompt_token_ids, device))
@@ -154,16 +170,16 @@ class Sampler:
 
     # --- sampling -------------------------------------------------------------------------------
 
-    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         return self.draw(self._probs(logits, rows, seqs), [seqs[r] for r in rows])
 
-    def probs(self, logits: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         """The distribution each row samples from: softmax after temperature and top-k / top-p /
         min-p, of logits that apply_penalties already processed. Every row must sample
         (temperature >= _GREEDY_EPS). Speculative decoding verifies drafts against exactly this."""
         return self._probs(logits, list(range(len(seqs))), seqs)
 
-    def _probs(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[Sequence]) -> torch.Tensor:
+    def _probs(self, logits: torch.Tensor, rows: list[int], seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         dev = logits.device
         all_rows = len(rows) == logits.shape[0]
         x = logits if all_rows else logits[_index(rows, dev)]
@@ -182,15 +198,15 @@ class Sampler:
             if not owned:
                 x = x.clone()  # never edit the caller's logits
             if len(f_rows) == len(rows):
-                _apply_filters(x, params)
+                apply_filters(x, params)
             else:
                 f_idx = _index(f_rows, dev)
                 sub = x[f_idx]
-                _apply_filters(sub, [params[i] for i in f_rows])
+                apply_filters(sub, [params[i] for i in f_rows])
                 x[f_idx] = sub
         return torch.softmax(x, dim=-1)
 
-    def draw(self, probs: torch.Tensor, seqs: SequenceABC[Sequence]) -> torch.Tensor:
+    def draw(self, probs: torch.Tensor, seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         """One token per row of `probs` (consumed: divided in place), with each seeded row's noise
         from its own generator: V uniforms per row, so a seeded sequence's tokens depend only on
         its seed and its distributions."""
@@ -209,15 +225,17 @@ class Sampler:
             noise[i].uniform_(_TINY, 1.0, generator=self._generator(seq, dev))
         return probs.div_(noise.log_()).argmin(dim=-1)
 
-    def generator(self, seq: Sequence, device: torch.device | str = "cpu") -> torch.Generator | None:
+    def generator(self, seq: SampledSeq, device: torch.device | str = "cpu") -> torch.Generator | None:
         """The seeded sequence's generator (None when unseeded: the global RNG)."""
         return self._generator(seq, torch.device(device)) if seq.params.seed is not None else None
 
-    def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
+    def _generator(self, seq: SampledSeq, device: torch.device) -> torch.Generator:
         gen = self._generators.get(seq.seq_id)
         if gen is None:
+            seed = seq.params.seed
+            assert seed is not None  # only seeded sequences get their own generator
             gen = torch.Generator(device=device)
-            gen.manual_seed(int(seq.params.seed) & _SEED_MASK)
+            gen.manual_seed(int(seed) & _SEED_MASK)
             self._generators[seq.seq_id] = gen
         return gen
 
@@ -308,100 +326,6 @@ def _apply_logit_bias(x: torch.Tensor, rows: list[tuple[int, dict[int, float]]])
     vals = [float(v) for _, bias in rows for v in bias.values()]
     dev = x.device
     x[_index(r_idx, dev), _index(t_idx, dev)] += torch.tensor(vals, device=dev, dtype=x.dtype)
-
-
-def _apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
-    """top-k, then top-p, then min-p, on temperature-scaled logits x [rows, V], in place.
-
-    Each filter keeps the tokens whose logit is >= a per-row threshold, so the three combine into one
-    threshold (their max) and one masked_fill: a few dense passes instead of a dozen. Ties with a
-    threshold are kept (a set can exceed top_k only on exactly equal logits).
-    """
-    rows, vocab = x.shape
-    dev, neg_inf = x.device, float("-inf")
-    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    k_on = torch.tensor([k > 0 for k in ks], device=dev).unsqueeze(1)
-    thresh = torch.full((rows, 1), neg_inf, device=dev)
-    max_logit: torch.Tensor | None = None
-    if any(ks):
-        top = x.topk(max(ks), dim=-1).values  # sorted, likeliest first
-        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=dev).unsqueeze(1))
-        thresh = torch.where(k_on, kth, thresh)  # the k-th largest logit; rows without top-k: -inf
-        max_logit = top[:, :1]
-    p_rows = [i for i, q in enumerate(params) if q.top_p < 1.0]
-    if p_rows:
-        p = torch.tensor([float(params[i].top_p) for i in p_rows], device=dev).unsqueeze(1)
-        cand = min(vocab, max([256] + [ks[i] for i in p_rows]))
-        if len(p_rows) == rows:  # no row copies in the common all-rows case
-            thresh = torch.maximum(thresh, _top_p_thresholds(x, thresh, k_on, p, cand))
-        else:
-            idx = _index(p_rows, dev)
-            thresh[idx] = torch.maximum(thresh[idx], _top_p_thresholds(x[idx], thresh[idx], k_on[idx], p, cand))
-    min_ps = [float(q.min_p) for q in params]
-    if any(m > 0.0 for m in min_ps):
-        # prob < min_p * max_prob  <=>  logit < max_logit + log(min_p); log(0) = -inf turns it off.
-        if max_logit is None:
-            max_logit = x.amax(dim=-1, keepdim=True)
-        thresh = torch.maximum(thresh, max_logit + torch.tensor(min_ps, device=dev).log().unsqueeze(1))
-    x.masked_fill_(x < thresh, neg_inf)
-
-
-def _top_p_thresholds(
-    x: torch.Tensor, k_thresh: torch.Tensor, k_on: torch.Tensor, p: torch.Tensor, cand: int
-) -> torch.Tensor:
-    """Per row, the logit of the last token of the nucleus: the smallest set of likeliest tokens
-    whose mass reaches p (a token stays iff the mass strictly likelier than it is < p, so the
-    likeliest always stays), under the distribution renormalized after top-k.
-
-    Sorting the whole vocab is slow on CPU (~15x a small topk) and a nucleus is usually a few dozen
-    tokens, so this looks at the `cand` likeliest tokens first: tokens past them have at least the
-    candidates' whole mass before them, so once that reaches p they are all dropped, exactly as a
-    full sort drops them. Rows with a wider nucleus (flat distributions) go to _top_p_histogram.
-    """
-    top = x.topk(cand, dim=-1).values  # sorted, likeliest first
-    cut = top.masked_fill(top < k_thresh, float("-inf"))
-    # A top-k row's kept tokens are all candidates (cand >= k), so it normalizes over them.
-    lse_k = torch.logsumexp(cut, dim=-1, keepdim=True)
-    lse = lse_k if bool(k_on.all()) else torch.where(k_on, lse_k, torch.logsumexp(x, dim=-1, keepdim=True))
-    probs = (cut - lse).exp()
-    mass = probs.cumsum(dim=-1)
-    n_keep = ((mass - probs) < p).sum(dim=-1, keepdim=True).clamp_(1, cand)
-    out = top.gather(1, n_keep - 1)
-    if cand < x.shape[1]:
-        short = (mass[:, -1] < p[:, 0]).nonzero().squeeze(1)
-        if short.numel() == x.shape[0]:
-            out = _top_p_histogram(x, k_thresh, p)
-        elif short.numel():
-            out[short] = _top_p_histogram(x[short], k_thresh[short], p[short])
-    return out
-
-
-# Histogram buckets of log-probability below the row max, 1/64 nat wide; anything lower than 32
-# nats below the max (relative prob < 1e-14) shares the last bucket.
-_BUCKETS, _BUCKET_RANGE = 2048, 32.0
-
-
-def _top_p_histogram(x: torch.Tensor, k_thresh: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """_top_p_thresholds for wide nuclei without a full sort: bucket the probability mass by
-    log-probability, find the bucket where the running mass crosses p, and sort only that bucket's
-    tokens (every token in a bucket above it is kept, every token in one below it dropped)."""
-    neg_inf = float("-inf")
-    if bool(k_thresh.isfinite().any()):
-        x = x.masked_fill(x < k_thresh, neg_inf)
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    probs = (x - lse).exp()
-    bucket = (x.amax(dim=-1, keepdim=True) - x).mul_(_BUCKETS / _BUCKET_RANGE).clamp_(max=_BUCKETS - 1).long()
-    mass = torch.zeros(x.shape[0], _BUCKETS, device=x.device).scatter_add_(1, bucket, probs)
-    running = mass.cumsum(dim=-1)
-    crossing = (running < p).sum(dim=-1, keepdim=True).clamp_(max=_BUCKETS - 1)
-    mass_before_bucket = (running - mass).gather(1, crossing)
-    in_bucket = bucket == crossing
-    # At least one column: a row whose mass never reaches p (rounding, p ~ 1) gets -inf: keep all.
-    width = max(1, int(in_bucket.sum(dim=-1).max()))
-    vals = x.masked_fill(~in_bucket, neg_inf).topk(width, dim=-1).values
-    pv = (vals - lse).exp()
-    n_keep = ((mass_before_bucket + pv.cumsum(dim=-1) - pv) < p).sum(dim=-1, keepdim=True)
-    return vals.gather(1, n_keep.clamp_(1, vals.shape[1]) - 1)
 
 
 def _logprobs(

@@ -9,6 +9,7 @@ recomputed later (mostly from the prefix cache, since its freed blocks keep thei
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mainspring.engine.config import EngineConfig
@@ -295,8 +296,8 @@ class Scheduler:
             victim = self.running[-1]
             if victim.priority <= head.priority:  # unreachable given the check above
                 return False
-            for k, s in enumerate(out.scheduled):
-                if s.seq is victim:  # scheduled in step 1: take its tokens back out
+            for k, chunk in enumerate(out.scheduled):
+                if chunk.seq is victim:  # scheduled in step 1: take its tokens back out
                     del out.scheduled[k]
                     break
             self._preempt(victim)
@@ -306,7 +307,7 @@ class Scheduler:
 
     # ---- after the model ran ----------------------------------------------------------------
 
-    def postprocess(self, output: SchedulerOutput, sampled: dict[int, int | list[int]]) -> None:
+    def postprocess(self, output: SchedulerOutput, sampled: Mapping[int, int | list[int]]) -> None:
         """Advance each scheduled seq by its chunk and append the token sampled for it.
 
         `sampled` maps seq_id -> token id for every scheduled seq whose chunk `samples`; for a seq

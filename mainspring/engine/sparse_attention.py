@@ -65,8 +65,11 @@ def build_segment(q_start: int, block_table: list[int], cold: dict[int, int], st
     end, bs, w = start + num_tokens, block_size, policy.window
     lo = max(0, start - w + 1) if w is not None else 0
     runs: list[tuple[str, torch.Tensor, int, int]] = []
-    kind, ids, skip, take = None, [], 0, 0
-    holes, key_pos = False, []
+    kind: str | None = None
+    ids: list[int] = []
+    skip = take = 0
+    holes = False
+    key_pos: list[int] = []
     for b in range(lo // bs, (end - 1) // bs + 1):
         first, last = max(lo, b * bs), min(end, (b + 1) * bs)
         if block_table[b] >= 0:
@@ -103,7 +106,7 @@ def build_segment(q_start: int, block_table: list[int], cold: dict[int, int], st
         seg.observe, seg.key_pos = min(observe, num_tokens), torch.tensor(key_pos)
         seg.scores = torch.zeros(len(key_pos))
     sinks = min(policy.sink_tokens, end) if w is not None else 0
-    if sinks and end - w > 0:  # the window of the last query has left position 0
+    if w is not None and sinks and end - w > 0:  # the window of the last query has left position 0
         seg.sink_slots = torch.tensor([block_table[p // bs] * bs + p % bs for p in range(sinks)])
     for q0 in range(0, num_tokens, QUERY_TILE):
         seg.tiles.append(_tile(q0, min(num_tokens, q0 + QUERY_TILE), start, lo, w, seg.sink_slots is not None,
@@ -121,6 +124,7 @@ def _tile(q0: int, q1: int, start: int, lo: int, w: int | None, has_sinks: bool,
         mask &= kpos[None, :] > qpos[:, None] - w
     tile = Tile(q0, q1, kmin - lo, start + q1 - lo, None if bool(mask.all()) else mask)
     if has_sinks:
+        assert w is not None  # sinks exist only under a window
         win_lo = (qpos - w + 1).clamp(min=0)  # first window position of each query
         tile.sink_mask = torch.arange(sinks)[None, :] < win_lo[:, None]
         # sinks sit right before each query's window: shift by max(0, window start - S)
@@ -180,6 +184,7 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             s.view(kvh, g, m, -1).masked_fill_(~t.mask, float("-inf"))
         num_sinks = 0
         if ks is not None:
+            assert t.cos is not None and t.sin is not None and t.sink_mask is not None  # set with the sinks
             qs = (qt * t.cos + _rotate_half(qt) * t.sin).view(m, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * m, d)
             ss = torch.bmm(qs, ks)
             ss.view(kvh, g, m, -1).masked_fill_(~t.sink_mask, float("-inf"))
@@ -190,7 +195,7 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             r0 = max(0, seg.q_len - seg.observe - t.q0)
             seg.scores[t.k0 : t.k1] += p.view(kvh, g, m, -1)[:, :, r0:, num_sinks:].sum(dim=2).amax(dim=(0, 1))
         o = torch.bmm(p[..., num_sinks:], vT[:, t.k0 : t.k1])  # [KVH, G*m, D]
-        if num_sinks:
+        if num_sinks and vs is not None:
             o += torch.bmm(p[..., :num_sinks], vs)
         out[t.q0 : t.q1] = o.view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d)
     return out

@@ -9,7 +9,7 @@ standing in front of b, facing it, calls right/up/front; for an unrotated b that
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -19,9 +19,13 @@ Distance = Annotated[float, Field(ge=0, le=1000)]
 # "*" = every object of the scene (planes and ignore_collision objects excepted where noted)
 ObjectSet = Union[Literal["*"], Annotated[list[Id], Field(min_length=1, max_length=500)]]
 
-CONTACT = ("on_top_of", "supported_by")
-GROUNDED = ("on_floor", "inside_room")
-ORDERING = ("above", "below", "left_of", "right_of", "in_front_of", "behind")
+# each family's names once, as the Literal a type checker reads and the tuple code iterates
+ContactType = Literal["on_top_of", "supported_by"]
+GroundedType = Literal["on_floor", "inside_room"]
+OrderingType = Literal["above", "below", "left_of", "right_of", "in_front_of", "behind"]
+CONTACT: tuple[str, ...] = get_args(ContactType)
+GROUNDED: tuple[str, ...] = get_args(GroundedType)
+ORDERING: tuple[str, ...] = get_args(OrderingType)
 CONSTRAINT_TYPES = (*CONTACT, *GROUNDED, *ORDERING, "near", "far", "facing", "aligned", "no_overlap",
                     "no_floating", "visible_in_camera", "in_frame")
 
@@ -34,7 +38,7 @@ class Contact(_Strict):
     """on_top_of: a rests on b's top (gap within tolerance) with a's footprint centre over b.
     supported_by: the same contact with any footprint overlap (a top on its legs)."""
 
-    type: Literal[CONTACT]
+    type: ContactType
     a: Id
     b: Id
     tolerance: Tolerance = 0.01
@@ -43,7 +47,7 @@ class Contact(_Strict):
 class Grounded(_Strict):
     """on_floor: a's bottom on the floor (room min y, else y = 0). inside_room: a within the room."""
 
-    type: Literal[GROUNDED]
+    type: GroundedType
     a: Id
     tolerance: Tolerance = 0.01
 
@@ -52,7 +56,7 @@ class Ordering(_Strict):
     """a lies beyond b along a direction of `frame`, their extents apart by at least `min` metres
     (touching counts, within tolerance)."""
 
-    type: Literal[ORDERING]
+    type: OrderingType
     a: Id
     b: Id
     frame: Literal["world", "camera", "b"] = "world"

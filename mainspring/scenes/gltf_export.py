@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trimesh
@@ -58,7 +59,8 @@ def _complete(tree: dict, scene: Scene, doc: dict) -> None:
     tree["asset"] = {"version": "2.0", "generator": "mainspring scene/0.1"}
     nodes = tree["nodes"]
     by_name = {n["name"]: i for i, n in enumerate(nodes)}
-    materials, material_index = [], {}
+    materials: list[dict[str, Any]] = []
+    material_index: dict[str, int] = {}
     planes = {o.material for o in scene.objects if o.shape == "plane" and isinstance(o.material, str)}
     for i, obj in enumerate(scene.objects):
         node = nodes[by_name[obj.id]]
@@ -126,7 +128,7 @@ def _trs(position, rotation: np.ndarray, scale=None) -> dict:
 
 
 def _material(name: str, m, two_sided: bool) -> dict:
-    out = {"name": name, "pbrMetallicRoughness": {
+    out: dict[str, Any] = {"name": name, "pbrMetallicRoughness": {
         "baseColorFactor": [*map(float, m.color), float(m.opacity)],
         "metallicFactor": float(m.metallic), "roughnessFactor": float(m.roughness)}}
     if m.emissive is not None and any(m.emissive):

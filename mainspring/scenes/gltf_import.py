@@ -42,7 +42,9 @@ def from_glb(data: bytes) -> dict[str, Any]:
     rest = scene_extras.get(EXTRAS_KEY)
     if not isinstance(rest, dict):
         raise SceneError("this .glb holds no scene/0.1 source (it was not written by mainspring scene export)")
-    objects, lights, camera = [], [], None
+    objects: list[tuple[int, dict]] = []
+    lights: list[tuple[int, dict]] = []
+    camera = None
     for node in tree.get("nodes", []):
         extras = node.get("extras") or {}
         if EXTRAS_KEY not in extras:

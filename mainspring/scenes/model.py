@@ -13,19 +13,21 @@ these models check one value at a time, so every error carries the path of the v
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from mainspring.scenes.constraint_model import Constraint, Id
 
-SCHEMA_VERSION = "scene/0.1"
+SchemaVersion = Literal["scene/0.1"]
+SCHEMA_VERSION: str = get_args(SchemaVersion)[0]
 MAX_OBJECTS = 500
 MAX_LIGHTS = 8
 MAX_MATERIALS = 64
 MAX_CONSTRAINTS = 200
 SHAPES = ("box", "sphere", "cylinder", "cone", "capsule", "torus", "plane", "mesh")
-TAGS = ("hanging", "wall_mounted", "static", "ignore_collision")
+Tag = Literal["hanging", "wall_mounted", "static", "ignore_collision"]
+TAGS: tuple[str, ...] = get_args(Tag)
 # an object's keys in the order a writer (or a model) should give them: what it is, then where
 OBJECT_KEY_ORDER = ("id", "shape", "size", "radius", "height", "tube", "asset", "position", "rotation_deg",
                     "rotation_quat", "scale", "parent", "material", "category", "tags")
@@ -68,7 +70,7 @@ class _Object(_Strict):
     parent: Id | None = None
     material: Id | Material | None = None  # a name in `materials`, or inline
     category: Annotated[str, StringConstraints(min_length=1, max_length=32)] | None = None
-    tags: Annotated[list[Literal[TAGS]], Field(max_length=4)] = Field(default_factory=list)
+    tags: Annotated[list[Tag], Field(max_length=4)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_rotation_form(self):
@@ -203,7 +205,7 @@ class Room(_Strict):
 
 class Scene(BaseModel):
     # `schema` is the version tag; model attributes cannot be named so (BaseModel has .schema)
-    version: Literal[SCHEMA_VERSION] = Field(alias="schema")
+    version: SchemaVersion = Field(alias="schema")
     units: Literal["m"] = "m"
     up: Literal["+Y"] = "+Y"
     room: Room | None = None

@@ -39,9 +39,9 @@ def quat_from_rotation(r: np.ndarray) -> list[float]:
         s = 2 * math.sqrt(max(1 + r[i, i] - r[j, j] - r[k, k], 1e-300))
         q = [0.0, 0.0, 0.0, (r[k, j] - r[j, k]) / s]
         q[i], q[j], q[k] = s / 4, (r[j, i] + r[i, j]) / s, (r[k, i] + r[i, k]) / s
-    q = np.asarray(q, dtype=float)
-    q /= np.linalg.norm(q)
-    return (-q if q[3] < 0 else q).tolist()
+    unit = np.asarray(q, dtype=float)
+    unit /= np.linalg.norm(unit)
+    return (-unit if unit[3] < 0 else unit).tolist()
 
 
 def object_rotation(obj) -> np.ndarray:

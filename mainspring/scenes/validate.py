@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from mainspring.scenes.constraint_model import CONSTRAINT_TYPES
 from mainspring.scenes.errors import SceneError, SceneInvalid, Violation
-from mainspring.scenes.model import SHAPES, Scene
+from mainspring.scenes.model import SHAPES, Scene, SceneObject
 
 _TAGS = set(SHAPES) | set(CONSTRAINT_TYPES)  # discriminated-union tags pydantic puts into error paths
 _MESSAGES = {
@@ -94,8 +95,9 @@ def document_violations(scene: Scene, base_dir: Path | None = None) -> list[Viol
             ref = getattr(c, field, None)
             if ref is not None and ref not in objects:
                 out.append(Violation(f"$.constraints[{i}].{field}", f"no object has id '{ref}'"))
-        if getattr(c, "b", None) is not None and c.a == c.b:
-            out.append(Violation(f"$.constraints[{i}].b", f"relates '{c.a}' to itself"))
+        a, b = getattr(c, "a", None), getattr(c, "b", None)
+        if b is not None and a == b:
+            out.append(Violation(f"$.constraints[{i}].b", f"relates '{a}' to itself"))
         ids = getattr(c, "ids", "*")
         if ids != "*":
             for j, ref in enumerate(ids):
@@ -106,11 +108,13 @@ def document_violations(scene: Scene, base_dir: Path | None = None) -> list[Viol
     return out
 
 
-def _cycles(scene: Scene, objects: dict) -> list[Violation]:
+def _cycles(scene: Scene, objects: dict[str, SceneObject]) -> list[Violation]:
     index = {o.id: i for i, o in enumerate(scene.objects)}
-    out, reported = [], set()
+    out: list[Violation] = []
+    reported: set[str] = set()
     for obj in scene.objects:
-        chain, node = [], obj
+        chain: list[str] = []
+        node: SceneObject | None = obj
         while node is not None and node.parent is not None and node.id not in chain:
             chain.append(node.id)
             node = objects.get(node.parent)
@@ -135,7 +139,7 @@ def _nulls(node: Any, path: str):
             yield from _nulls(value, f"{path}[{i}]")
 
 
-def _from_pydantic(err: dict, doc: Any) -> Violation:
+def _from_pydantic(err: ErrorDetails, doc: Any) -> Violation:
     path, node = "$", doc
     for part in err["loc"]:
         if isinstance(part, int):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import trimesh
 
-from mainspring.scenes.model import Material, Scene
+from mainspring.scenes.model import Material, Scene, SceneObject
 from mainspring.scenes.tessellate import Tessellation, tessellate
 from mainspring.scenes.transforms import world_matrices
 
@@ -24,7 +24,7 @@ class Placed:
     """One object in world space."""
 
     index: int  # position in scene.objects; the ID buffer stores index + 1
-    obj: object  # the pydantic object (Box, Sphere, ...)
+    obj: SceneObject  # the pydantic object (Box, Sphere, ...)
     matrix: np.ndarray  # 4x4 local -> world
     mesh: Tessellation  # in the object's own frame
     material: Material

@@ -168,16 +168,17 @@ class FineTuningRunner:
         return self.settings.data_dir / f.path
 
     def _stop_check(self, job_id: str) -> Callable[[], bool]:
-        last = [0.0, False]  # when the database was last asked, and what it said
+        asked_at, stop = 0.0, False  # when the database was last asked, and what it said
 
         def should_stop() -> bool:
-            if self._stopping.is_set() or last[1]:
+            nonlocal asked_at, stop
+            if self._stopping.is_set() or stop:
                 return True
-            if time.monotonic() - last[0] >= STOP_POLL_S:
-                last[0] = time.monotonic()
+            if time.monotonic() - asked_at >= STOP_POLL_S:
+                asked_at = time.monotonic()
                 row = job_store.load(self.db, job_id)
-                last[1] = row is None or row.status != "running"
-            return last[1]
+                stop = row is None or row.status != "running"
+            return stop
 
         return should_stop
 
@@ -186,7 +187,9 @@ class FineTuningRunner:
         if row is None or row.status == "cancelled":
             job_store.event(self.db, job_id, f"Training stopped at step {result.steps_done} (cancelled)")
             with session(self.db) as s:
-                s.get(FineTuningJobRow, job_id).finished_at = job_store.now()
+                job = s.get(FineTuningJobRow, job_id)
+                if job is not None:  # a job deleted while it trained has nothing to stamp
+                    job.finished_at = job_store.now()
             return
         if result.stopped:  # a shutdown: stays running, resumed by the next start
             job_store.event(self.db, job_id, f"Paused at step {result.steps_done} by a server shutdown; the job "

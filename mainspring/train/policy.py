@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from mainspring.engine.config import ModelConfig
-from mainspring.engine.model import CausalLM
+from mainspring.engine.model import CausalLM, DecoderLayer
 from mainspring.train.config import LoraSpec
 
 ADAPTER = "default"
@@ -43,7 +45,9 @@ class Policy:
         if lora is not None:
             from peft import LoraConfig, inject_adapter_in_model
 
-            inject_adapter_in_model(LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            # peft annotates lora_alpha as int, yet only scales by alpha / r: a float alpha is exact
+            inject_adapter_in_model(LoraConfig(r=lora.r, lora_alpha=lora.alpha,  # type: ignore[arg-type]
+                                               lora_dropout=lora.dropout,
                                                target_modules=list(lora.targets)), self.model, adapter_name=ADAPTER)
             for name, p in self.model.named_parameters():
                 p.requires_grad_("lora_" in name)
@@ -162,6 +166,10 @@ class Policy:
         return out.index_put((rows, cols), lp)
 
 
+def _decoder_layers(model: CausalLM) -> Iterable[DecoderLayer]:
+    return cast("Iterable[DecoderLayer]", model.layers)  # nn.ModuleList yields plain Modules to a type checker
+
+
 def dense_forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [B, T, H] of right-padded rows, causal attention, positions 0..T-1: the same
     modules as the engine's paged forward (so the same weights), with differentiable SDPA attention."""
@@ -169,7 +177,7 @@ def dense_forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(t)
     model.rope.ensure(positions)
     x = model.embed_tokens(input_ids)
-    for layer in model.layers:
+    for layer in _decoder_layers(model):
         a = layer.self_attn
         h = layer.input_layernorm(x)
         q, k, v = a.qkv_proj(h).split([a.h * a.d, a.kvh * a.d, a.kvh * a.d], dim=-1)
@@ -193,7 +201,7 @@ def shared_prompt_forward(model: CausalLM, prompt: torch.Tensor, completions: to
     # a completion sees the whole prompt and itself causally
     mask = torch.ones(c, p + c, dtype=torch.bool)
     mask[:, p:] = torch.ones(c, c, dtype=torch.bool).tril()
-    for layer in model.layers:
+    for layer in _decoder_layers(model):
         a = layer.self_attn
         q, k, v = a.qkv_proj(layer.input_layernorm(x)).split([a.h * a.d, a.kvh * a.d, a.kvh * a.d], dim=-1)
         q, k = model.rope(positions, q.view(-1, a.h, a.d), k.view(-1, a.kvh, a.d))

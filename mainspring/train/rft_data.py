@@ -37,7 +37,7 @@ def read_samples(path: Path, split: str, domain: str, param: str) -> list[Sample
         raise DataFileError(param, f"the {param} cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise DataFileError(param, f"the {param} is not UTF-8 JSONL") from None
-    samples = []
+    samples: list[Sample] = []
     for no, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue

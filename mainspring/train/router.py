@@ -98,7 +98,7 @@ class DomainRouter:
                 out[i] = (item.domain, 1.0)
             else:
                 untagged.append(i)
-        texts = [items[i].prompt_text if isinstance(items[i], Sample) else items[i] for i in untagged]
+        texts = [item.prompt_text if isinstance(item, Sample) else item for item in (items[i] for i in untagged)]
         for i, routed in zip(untagged, self.classify(texts)):
             out[i] = routed
         return out  # type: ignore[return-value]
@@ -115,7 +115,7 @@ class DomainRouter:
         routed = self.classify([text for text, _ in pairs])
         truths = list(dict.fromkeys(t for _, t in pairs))
         confusion = {t: {n: 0 for n in self.names} for t in truths}
-        mistakes = []
+        mistakes: list[tuple[str, str, str]] = []
         for (text, truth), (name, _) in zip(pairs, routed):
             confusion[truth][name] += 1
             if name != truth and len(mistakes) < 10:

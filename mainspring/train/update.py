@@ -195,6 +195,7 @@ class Updater:
         for n in present:
             g = self._domain_grad(by_domain[n], total, self.settings[n].loss_weight, stats)
             acc = g if acc is None else [a + b for a, b in zip(acc, g)]
+        assert acc is not None  # gradients() returns early when no domain is present
         return acc
 
     def _apply(self, key: str, grads: list[torch.Tensor], stats: dict) -> None:

@@ -317,10 +317,8 @@ def test_cancel_cuts_the_tool_call_in_flight(srv):
     make_agent(srv, "sleepy", ["slow"])
     run = start_run(srv, "sleepy")
     wait_event(srv, run["id"], "tool.started")  # the slow tool is now sleeping for 30 s
-    started = time.monotonic()
     ok(srv.http.post(f"/v1/runs/{run['id']}/cancel"))
-    done = wait_status(srv, run["id"], TERMINAL, timeout=10)
-    assert time.monotonic() - started < 10
+    done = wait_status(srv, run["id"], TERMINAL, timeout=20)  # the tool would sleep 30 s: cancel cut it
     assert (done["status"], done["stop_reason"]) == ("cancelled", "cancelled")
     (call,) = ok(srv.http.get(f"/v1/runs/{run['id']}/steps"))["data"][0]["tool_calls"]
     assert call["status"] == "cancelled"

@@ -109,7 +109,7 @@ def test_chunked_prefill_then_decode_matches_transformers(arch):
             pos = [p for _, s, n in rows for p in range(s, s + n)]
             logits = ours.compute_logits(ours(torch.tensor(ids), torch.tensor(pos), cache, meta))
             off = 0
-            for bt, s, n in rows:
+            for bt, _, n in rows:
                 (got_a if bt is table_a else got_b).append(logits[off : off + n])
                 off += n
         # decode the remaining tokens of both together (B has 13 tokens: one decode step at a time)
@@ -125,8 +125,11 @@ def test_chunked_prefill_then_decode_matches_transformers(arch):
             logits = ours.compute_logits(ours(torch.tensor(ids), torch.tensor(pos), cache, meta))
             i = 0
             if na < len(a):
-                got_a.append(logits[i : i + 1]); i += 1; na += 1
+                got_a.append(logits[i : i + 1])
+                i += 1
+                na += 1
             if nb < len(b):
-                got_b.append(logits[i : i + 1]); nb += 1
+                got_b.append(logits[i : i + 1])
+                nb += 1
     torch.testing.assert_close(torch.cat(got_a), ref_a, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.cat(got_b), ref_b[8:], atol=1e-4, rtol=1e-4)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from mainspring.engine.params import SamplingParams
-from mainspring.engine.sampler import Sampler, _apply_filters
+from mainspring.engine.sampler import Sampler
 from mainspring.engine.sequence import Sequence
+from mainspring.engine.truncation import apply_filters
 
 EOS = 0
 
@@ -166,7 +167,7 @@ def test_filters_match_full_sort_reference():
         SamplingParams(top_k=vocab + 10),  # larger than the vocab: off
     ]
     y = x.clone()
-    _apply_filters(y, params)
+    apply_filters(y, params)
     for i, p in enumerate(params):
         expected = reference_keep(x[i], p)
         assert torch.equal(y[i] > float("-inf"), expected), f"row {i}: {p}"
@@ -190,7 +191,7 @@ def test_filters_match_reference_randomized(seed: int):
         for a, b, c in choice
     ]
     y = x.clone()
-    _apply_filters(y, params)
+    apply_filters(y, params)
     for i, p in enumerate(params):
         assert torch.equal(y[i] > float("-inf"), reference_keep(x[i], p)), f"row {i}: {p}"
 

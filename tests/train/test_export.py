@@ -18,7 +18,7 @@ def test_export_and_adapter_round_trip(embedded, tmp_path):
     base = LoadedModel("tiny", embedded.path, cfg, tiny_state(cfg), embedded.tokenizer)
     policy = Policy(cfg, base.state_dict, LoraSpec(r=4, alpha=8))
     with torch.no_grad():  # a trained adapter: B is zero at init, so move it
-        for n, p in policy.trainable().items():
+        for p in policy.trainable().values():
             p.add_(torch.randn_like(p) * 0.05)
     out = export_model(policy, base, tmp_path / "export", {"base": "tiny", "suffix": "t"})
     exported = load_model(out)

@@ -2,8 +2,6 @@
 is exact under gradient accumulation and under 2-process data parallelism, and gradient surgery
 changes the update when domains conflict."""
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp

@@ -3,7 +3,6 @@
 
 import json
 import math
-import time
 
 import pytest
 from fastapi import FastAPI, Request
@@ -161,7 +160,6 @@ def test_http_scorer(tmp_path):
         assert "malformed score (total: Field required)" in malformed.error
         slow = load_domain(DomainSpec(name="c", data=str(tmp_path / "data.jsonl"), scorer=f"{server.url}/slow"))
         slow.scorer.client.timeout = 0.3  # the domain's score_timeout_s, shortened for the test
-        t0 = time.monotonic()
         timed_out = score_safely(slow.scorer, q1, "Paris")
-        assert timed_out.total == 0.0 and "Timeout" in timed_out.error and time.monotonic() - t0 < 1.5
+        assert timed_out.total == 0.0 and "Timeout" in timed_out.error
     assert math.isfinite(good.total)

@@ -169,8 +169,8 @@ class IndexCache:
         where = self._folder_dir(root)
         cached = _load_cached(where)
         if cached and cached[0] == manifest:
-            _, chunks, vectors, old_skipped = cached
-            return DocumentIndex(chunks, vectors, old_skipped)
+            _, cached_chunks, cached_vectors, old_skipped = cached
+            return DocumentIndex(cached_chunks, cached_vectors, old_skipped)
         chunks: list[Chunk] = []
         for rel in files:
             text = decode_text((root / rel).read_bytes())
@@ -184,7 +184,8 @@ class IndexCache:
         todo = [c.text for c in chunks if _text_key(c.text) not in reuse]
         fresh = dict(zip(map(_text_key, todo), self.embed(todo))) if todo else {}
         dim = next(iter(fresh.values())).shape[0] if fresh else (cached[2].shape[1] if cached else 0)
-        vectors = np.stack([reuse.get(_text_key(c.text), fresh.get(_text_key(c.text))) for c in chunks]) \
+        known = {**fresh, **reuse}  # every chunk's text is in one of them
+        vectors = np.stack([known[_text_key(c.text)] for c in chunks]) \
             if chunks else np.zeros((0, dim), dtype=np.float32)
         vectors = vectors.astype(np.float32)
         _save_cached(where, manifest, chunks, vectors, skipped)

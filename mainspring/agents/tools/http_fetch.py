@@ -90,7 +90,7 @@ async def check_url(url: str, allow_private: bool) -> None:
     except socket.gaierror as exc:
         raise ToolError(f"cannot resolve {parts.hostname}: {exc.strerror}") from exc
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if not address.is_global or address.is_multicast:
             raise ToolError(f"refused: {parts.hostname} is a private, loopback or reserved address ({address}); "
                             "http_fetch only reaches public hosts")

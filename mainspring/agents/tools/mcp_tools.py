@@ -68,7 +68,6 @@ class McpStdioServer:
             raise ValueError(f"an MCP server command is a non-empty list of strings, got {self.command!r}")
         self._session: Any = None
         self._task: asyncio.Task | None = None
-        self._ready: asyncio.Future | None = None
         self._closing: asyncio.Event | None = None
         self._exit_error: BaseException | None = None
 
@@ -77,10 +76,11 @@ class McpStdioServer:
         if self._task is not None:
             raise RuntimeError("this MCP server was already started")
         loop = asyncio.get_running_loop()
-        self._ready, self._closing = loop.create_future(), asyncio.Event()
-        self._task = asyncio.create_task(self._own_connection(), name=f"mcp-stdio {self.command[0]}")
+        ready, closing = loop.create_future(), asyncio.Event()
+        self._closing = closing
+        self._task = asyncio.create_task(self._own_connection(ready, closing), name=f"mcp-stdio {self.command[0]}")
         try:
-            listing = await asyncio.wait_for(asyncio.shield(self._ready), timeout_s)
+            listing = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
         except BaseException as exc:
             await self.aclose()
             if isinstance(exc, asyncio.TimeoutError):
@@ -89,7 +89,7 @@ class McpStdioServer:
         self.tools = [self._as_tool(t) for t in listing]
         return self.tools
 
-    async def _own_connection(self) -> None:
+    async def _own_connection(self, ready: asyncio.Future, closing: asyncio.Event) -> None:
         from mcp import ClientSession, StdioServerParameters, stdio_client
         from mcp.types import PaginatedRequestParams
 
@@ -107,12 +107,12 @@ class McpStdioServer:
                         if not cursor:
                             break
                     self._session = session
-                    self._ready.set_result(listing)
-                    await self._closing.wait()
+                    ready.set_result(listing)
+                    await closing.wait()
         except BaseException as exc:
             error = _first_error(exc)
-            if not self._ready.done():
-                self._ready.set_exception(ToolError(f"MCP server {self.command!r} failed to start: {error}"))
+            if not ready.done():
+                ready.set_exception(ToolError(f"MCP server {self.command!r} failed to start: {error}"))
             self._exit_error = error
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -152,7 +152,7 @@ class McpStdioServer:
 
     async def aclose(self) -> None:
         """Stop the server (the SDK closes its stdin, then terminates it) and wait for the owner task."""
-        if self._task is None:
+        if self._task is None or self._closing is None:  # never started (both are set together)
             return
         self._closing.set()
         try:

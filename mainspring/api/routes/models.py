@@ -88,8 +88,9 @@ async def resolve_model(request: Request, name: str, fast: bool = False) -> Serv
     model = by_id.get(name)
     if model is None:
         ft = await find_finetuned(request, name)
-        if ft is not None:
-            return ServedModel(ft.id, await _registry(request).engine(ft), "standard", 0)
+        registry = _registry(request)
+        if ft is not None and registry is not None:  # found only through a registry
+            return ServedModel(ft.id, await registry.engine(ft), "standard", 0)
         served = [m.id for m in served_models(request)]
         raise APIError(404, f"The model '{name}' does not exist; this server serves "
                        f"{', '.join(served)} and your fine-tuned models (see GET /v1/models)", param="model",

@@ -48,11 +48,12 @@ def check_constraints(world: World, constraints: list | None = None,
     or a function that renders one; by default the shared renderer is used when needed."""
     constraints = world.scene.constraints if constraints is None else constraints
     rendered: Frame | str | None = frame if isinstance(frame, Frame) else None
+    render = None if isinstance(frame, Frame) else frame
     results = []
     for i, c in enumerate(constraints):
         if c.type == "visible_in_camera":
             if rendered is None:
-                rendered = _render(world, frame)
+                rendered = _render(world, render)
             results.append(visibility.visible_in_camera(i, c, world, rendered))
         else:
             results.append(_GEOMETRIC[c.type](i, c, world))

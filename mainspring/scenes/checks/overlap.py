@@ -9,6 +9,8 @@ reported. Planes have no volume and objects tagged ignore_collision are left out
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from mainspring.scenes.checks import geometry as g
@@ -29,7 +31,7 @@ def no_overlap(i: int, c, world: World) -> ConstraintResult:
         hi = np.array([p.hi for p in solids])
         depth = np.minimum(hi[:, None], hi[None]) - np.maximum(lo[:, None], lo[None])  # (n, n, 3)
         candidates = np.argwhere(np.triu(np.all(depth > c.tolerance, axis=2), k=1))
-        manifolds: dict[int, object] = {}  # built only for objects in a candidate pair
+        manifolds: dict[int, Any] = {}  # manifold3d solids (untyped) or None, built only for candidate pairs
         for j, k in candidates:
             for n in (j, k):
                 if n not in manifolds:

@@ -77,8 +77,9 @@ def _nearest(color: list) -> str:
 
 def _position(obj: dict[str, Any] | None, axis: int) -> float | None:
     pos = obj.get("position", [0, 0, 0]) if isinstance(obj, dict) else None
-    ok = isinstance(pos, list) and len(pos) == 3 and isinstance(pos[axis], (int, float))
-    return float(pos[axis]) if ok else None
+    if isinstance(pos, list) and len(pos) == 3 and isinstance(pos[axis], (int, float)):
+        return float(pos[axis])
+    return None
 
 
 def brief_checks(doc: dict[str, Any], ref: dict[str, Any]) -> list[bool]:

@@ -101,6 +101,7 @@ def load_samples(path: str | Path, name: str, require_splits: bool = True) -> tu
         if line.messages is not None:
             messages = tuple({"role": m.role, "content": m.content} for m in line.messages)
         else:
+            assert line.prompt is not None  # _parse_line: exactly one of messages and prompt
             messages = ({"role": "user", "content": line.prompt},)
         sample_id = str(line.id) if line.id is not None else "h" + _hash(json.dumps(messages, sort_keys=True))[:12]
         if sample_id in first_line:

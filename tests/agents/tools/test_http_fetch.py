@@ -99,10 +99,8 @@ def test_size_and_character_caps(server):
 
 def test_slow_servers_time_out_as_a_transient_error(server):
     quick = http_fetch_tool(SimpleNamespace(agent_http_timeout_s=0.5), allow_private_hosts=True)
-    started = time.monotonic()
     with pytest.raises(TransientToolError, match="took longer than 0.5 s"):
         call(quick, {"url": f"{server}/slow"}, CTX)
-    assert time.monotonic() - started < 2.5
 
 
 def test_private_hosts_and_other_schemes_are_refused_by_default(server):

@@ -1,5 +1,4 @@
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -119,9 +118,8 @@ def test_index_is_cached_in_memory_and_on_disk_and_rebuilt_only_for_changes(cach
     assert first.texts == chunks + 2  # second search: only the query is embedded
 
     second = CountingEmbedder()  # a new process: the disk cache is used
-    started = time.monotonic()
     result = call(search_tool(cache_settings, embedder=second), {"query": "coffee machine"}, ctx)
-    assert second.texts == 1 and time.monotonic() - started < 5
+    assert second.texts == 1
     assert result.data["citations"][0]["file"] == "kitchen.md"
 
     (folder / "kitchen.md").write_text("The kitchen now has a tea kettle as well.\n")
@@ -150,7 +148,7 @@ def test_chunks_cover_the_text_with_overlap_and_break_at_words():
     text = " ".join(f"word{i}" for i in range(600)) + ". End."
     spans = chunk_spans(text, size=200, overlap=50)
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
-    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+    for (s1, e1), (s2, _) in zip(spans, spans[1:]):
         assert s2 < e1 and s2 > s1  # overlapping, always moving forward
         assert e1 - s1 <= 200 and text[s2 - 1] == " " and text[e1 - 1] != " "
     assert chunk_spans("") == [] and chunk_spans("  \n ") == []
