@@ -12,6 +12,8 @@ and both give 0 to a reply that repeats the question (an echoed prompt is a "ful
 
 from __future__ import annotations
 
+from typing import Callable
+
 from mainspring.train.domains.base import Domain, DomainSettings, Sample, Score
 from mainspring.train.domains.extract import words
 from mainspring.train.domains.facts import FACTS
@@ -52,20 +54,31 @@ class VerboseScorer:
         return Score(0.4 * length + 0.3 * period + 0.3 * correct, parts)
 
 
-def _build(name: str, ask: str, scorer, settings: DomainSettings, seed: int, description: str) -> Domain:
+def terse_reference(sample: Sample) -> str:
+    """The canonical answer, one word."""
+    return str(sample.reference["answers"][0])
+
+
+def verbose_reference(sample: Sample) -> str:
+    """The canonical answer in a sentence of seven words, ending in a full stop."""
+    return f"The answer to this question is {sample.reference['answers'][0]}."
+
+
+def _build(name: str, ask: str, scorer, settings: DomainSettings, seed: int, description: str,
+           reference: Callable[[Sample], str]) -> Domain:
     pool = [(f"{question} {ask}", {"question": question, "answers": list(answers)}) for question, answers in FACTS]
     train, eval_ = pool_splits(name, pool, seed, N_EVAL, key="facts")  # one held-out set for both
-    return Domain(name, train, eval_, scorer, settings, description)
+    return Domain(name, train, eval_, scorer, settings, description, reference)
 
 
 def build_terse(seed: int = 0) -> Domain:
     return _build(TERSE, TERSE_ASK, TerseScorer(), DomainSettings(max_tokens=16, temperature=1.0), seed,
-                  "simple facts answered in one word (conflicts with 'verbose')")
+                  "simple facts answered in one word (conflicts with 'verbose')", terse_reference)
 
 
 def build_verbose(seed: int = 0) -> Domain:
     return _build(VERBOSE, VERBOSE_ASK, VerboseScorer(), DomainSettings(max_tokens=48, temperature=1.0), seed,
-                  "simple facts answered in a full sentence (conflicts with 'terse')")
+                  "simple facts answered in a full sentence (conflicts with 'terse')", verbose_reference)
 
 
 # as user-domain scorers ("mainspring.train.domains.answer_style:score_terse"): the same rewards over

@@ -72,7 +72,13 @@ class ArithmeticScorer:
         return answer_score(bool(found) and found[-1] == sample.reference["answer"], completion)
 
 
+def reference_completion(sample: Sample) -> str:
+    """The bare number: what a perfect model replies."""
+    return str(sample.reference["answer"])
+
+
 def build(seed: int = 0) -> Domain:
     train, eval_ = generated_splits(NAME, make, seed, N_TRAIN, N_EVAL)
     return Domain(NAME, train, eval_, ArithmeticScorer(), DomainSettings(max_tokens=32, temperature=0.7),
-                  "single-digit addition and subtraction; the last integer of the reply is the answer")
+                  "single-digit addition and subtraction; the last integer of the reply is the answer",
+                  reference_completion)

@@ -8,6 +8,8 @@ The contract every domain keeps (the trainer, the evaluator and the fine-tuning 
   It may raise, hang or return NaN: `score_safely` turns each of those into a zero score with the
   reason in `error`, so one bad sample never stops a run (the trainer counts and reports them).
 - `DomainSettings` are the per-domain knobs of the hierarchical reward and interference control.
+- `reference_completion` (optional): the completion a perfect model would write for a sample;
+  inspection checks it scores full marks and builds its wrong-answer probes from it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 import concurrent.futures as cf
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 
 class DomainError(ValueError):
@@ -65,6 +67,9 @@ class Domain:
     scorer: Scorer
     settings: DomainSettings = field(default_factory=DomainSettings)
     description: str = ""
+    # the completion a perfect model would write for a sample; inspection checks it scores full marks
+    # (None: the domain has no references, so its verifier's soundness cannot be checked)
+    reference_completion: Callable[[Sample], str] | None = None
 
     def __post_init__(self) -> None:
         for split, samples in (("train", self.train), ("eval", self.eval)):

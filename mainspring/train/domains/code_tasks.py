@@ -1,10 +1,11 @@
 """The `code` domain's tasks: small Python functions, each with one example shown in the prompt and
 hidden tests (never the example) that decide the score. A test is a Python expression that must
-evaluate to True with the solution's names in scope."""
+evaluate to True with the solution's names in scope. Each task carries a correct `solution` (the
+reference completion inspection checks scores full marks; never shown to the model)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -14,13 +15,14 @@ class CodeTask:
     does: str  # "returns the sum of a and b"
     example: str  # shown in the prompt: "add(1, 2) == 3"
     tests: tuple[str, ...]  # hidden
+    solution: str = ""  # a correct implementation (passes the example and every hidden test)
 
 
 def _t(signature: str, does: str, example: str, *tests: str) -> CodeTask:
     return CodeTask(signature.split("(", 1)[0], signature, does, example, tests)
 
 
-TASKS: tuple[CodeTask, ...] = (
+_TASKS: tuple[CodeTask, ...] = (
     _t("add(a, b)", "returns the sum of a and b", "add(1, 2) == 3",
        "add(2, 3) == 5", "add(-1, 1) == 0", "add(10, 5) == 15", "add(0, 0) == 0"),
     _t("subtract(a, b)", "returns a minus b", "subtract(5, 2) == 3",
@@ -123,3 +125,45 @@ TASKS: tuple[CodeTask, ...] = (
        "string_length('') == 0", "string_length('hello world') == 11", "string_length('a') == 1",
        "string_length('12345') == 5"),
 )
+
+_SOLUTIONS: dict[str, str] = {
+    "add": "def add(a, b):\n    return a + b",
+    "subtract": "def subtract(a, b):\n    return a - b",
+    "multiply": "def multiply(a, b):\n    return a * b",
+    "square": "def square(x):\n    return x * x",
+    "is_even": "def is_even(n):\n    return n % 2 == 0",
+    "is_odd": "def is_odd(n):\n    return n % 2 == 1",
+    "absolute": "def absolute(x):\n    return -x if x < 0 else x",
+    "max_of_list": "def max_of_list(xs):\n    return max(xs)",
+    "min_of_list": "def min_of_list(xs):\n    return min(xs)",
+    "sum_list": "def sum_list(xs):\n    return sum(xs)",
+    "reverse_string": "def reverse_string(s):\n    return s[::-1]",
+    "count_vowels": "def count_vowels(s):\n    return sum(1 for c in s if c in 'aeiou')",
+    "first_element": "def first_element(xs):\n    return xs[0]",
+    "last_element": "def last_element(xs):\n    return xs[-1]",
+    "is_palindrome": "def is_palindrome(s):\n    return s == s[::-1]",
+    "factorial": "def factorial(n):\n    out = 1\n    for i in range(2, n + 1):\n        out *= i\n    return out",
+    "fibonacci": "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    "to_upper": "def to_upper(s):\n    return s.upper()",
+    "double_list": "def double_list(xs):\n    return [2 * x for x in xs]",
+    "filter_even": "def filter_even(xs):\n    return [x for x in xs if x % 2 == 0]",
+    "average": "def average(xs):\n    return sum(xs) / len(xs)",
+    "is_positive": "def is_positive(x):\n    return x > 0",
+    "contains": "def contains(xs, x):\n    return x in xs",
+    "count_occurrences": "def count_occurrences(xs, x):\n    return xs.count(x)",
+    "join_words": "def join_words(words):\n    return ' '.join(words)",
+    "celsius_to_fahrenheit": "def celsius_to_fahrenheit(c):\n    return c * 9 / 5 + 32",
+    "max_of_two": "def max_of_two(a, b):\n    return a if a >= b else b",
+    "remove_duplicates": ("def remove_duplicates(xs):\n    out = []\n    for x in xs:\n        if x not in out:\n"
+                          "            out.append(x)\n    return out"),
+    "capitalize_first": "def capitalize_first(s):\n    return s[:1].upper() + s[1:]",
+    "sum_of_digits": "def sum_of_digits(n):\n    return sum(int(d) for d in str(n))",
+    "is_prime": ("def is_prime(n):\n    if n < 2:\n        return False\n    i = 2\n    while i * i <= n:\n"
+                 "        if n % i == 0:\n            return False\n        i += 1\n    return True"),
+    "count_words": "def count_words(s):\n    return len(s.split())",
+    "repeat_string": "def repeat_string(s, n):\n    return s * n",
+    "square_list": "def square_list(xs):\n    return [x * x for x in xs]",
+    "greet": "def greet(name):\n    return 'Hello, ' + name + '!'",
+    "string_length": "def string_length(s):\n    return len(s)",
+}
+TASKS: tuple[CodeTask, ...] = tuple(replace(t, solution=_SOLUTIONS[t.function]) for t in _TASKS)

@@ -73,7 +73,13 @@ class FinanceScorer:
         return answer_score(right, completion)
 
 
+def reference_completion(sample: Sample) -> str:
+    """The bare number, at most two decimals and no exponent ("33.33", "150")."""
+    return f"{float(sample.reference['answer']):.2f}".rstrip("0").rstrip(".")
+
+
 def build(seed: int = 0) -> Domain:
     train, eval_ = generated_splits(NAME, make, seed, N_TRAIN, N_EVAL)
     return Domain(NAME, train, eval_, FinanceScorer(), DomainSettings(max_tokens=32, temperature=0.7),
-                  "numeric questions over a small revenue/cost table, within a relative tolerance")
+                  "numeric questions over a small revenue/cost table, within a relative tolerance",
+                  reference_completion)

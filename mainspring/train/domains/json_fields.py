@@ -11,6 +11,7 @@ total = 0.2 parses + 0.3 schema + 0.5 fields. The prompts contain no `{`, so an 
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -110,7 +111,12 @@ class JsonFieldsScorer:
         return Score(0.2 + 0.3 * schema + 0.5 * fields, {"parses": 1.0, "schema": schema, "fields": fields})
 
 
+def reference_completion(sample: Sample) -> str:
+    """The record's fields as one JSON object, nothing else."""
+    return json.dumps(sample.reference["fields"])
+
+
 def build(seed: int = 0) -> Domain:
     train, eval_ = generated_splits(NAME, make, seed, N_TRAIN, N_EVAL)
     return Domain(NAME, train, eval_, JsonFieldsScorer(), DomainSettings(max_tokens=48, temperature=0.7),
-                  "extract named fields from a sentence into a JSON object")
+                  "extract named fields from a sentence into a JSON object", reference_completion)

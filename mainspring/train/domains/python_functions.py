@@ -120,6 +120,14 @@ class UnitTestScorer:
         return Score(passed, {"compiles": 1.0, "tests_passed": passed})
 
 
+_SOLUTIONS = {t.function: t.solution for t in TASKS}
+
+
+def reference_completion(sample: Sample) -> str:
+    """The task's correct solution in a python fence (KeyError for a function no task defines)."""
+    return f"```python\n{_SOLUTIONS[sample.reference['function']]}\n```"
+
+
 def build(seed: int = 0, sandbox: Sandbox | None = None) -> Domain:
     """The code domain; raises DomainError when this host cannot run sandboxed jobs."""
     sandbox = sandbox or get_sandbox()
@@ -130,4 +138,4 @@ def build(seed: int = 0, sandbox: Sandbox | None = None) -> Domain:
     pool = [(prompt(t), {"function": t.function, "tests": list(t.tests), "example": t.example}) for t in TASKS]
     train, eval_ = pool_splits(NAME, pool, seed, N_EVAL)
     return Domain(NAME, train, eval_, UnitTestScorer(sandbox), DomainSettings(max_tokens=96, temperature=0.7),
-                  "small Python functions scored by hidden unit tests in the sandbox")
+                  "small Python functions scored by hidden unit tests in the sandbox", reference_completion)

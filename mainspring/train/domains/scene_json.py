@@ -132,7 +132,33 @@ class SceneScorer:
         return Score(total, {"parses": 1.0, "keys": keys, "valid": valid, "brief": brief})
 
 
+_SHAPE_SIZES: dict[str, dict[str, Any]] = {
+    "box": {"size": [1, 1, 1]}, "sphere": {"radius": 0.5}, "cylinder": {"radius": 0.5, "height": 1},
+    "cone": {"radius": 0.5, "height": 1}, "torus": {"radius": 0.5, "tube": 0.2},
+}
+
+
+def reference_completion(sample: Sample) -> str:
+    """A valid document meeting every check of the brief: the objects 2 apart on the relation's axis
+    (the first above or left of the second), each in its colour's RGB."""
+    ref = sample.reference
+    rel = ref.get("relation") or {}
+    axis = 1 if rel.get("kind") == "above" else 0
+    objects = []
+    for i, want in enumerate(ref["objects"]):
+        position = [0.0, 0.5, 0.0]
+        if i:  # the second object: below, or right of, the first
+            position[axis] += -2.0 if axis == 1 else 2.0
+        if axis == 1 and len(ref["objects"]) > 1:
+            position[1] += 2.0  # keep both above the ground
+        objects.append({"id": want["id"], "shape": want["shape"], **_SHAPE_SIZES[want["shape"]],
+                        "position": position, "material": {"color": COLOURS[want["colour"]]}})
+    doc = {"schema": EXAMPLE["schema"], "objects": objects, "camera": {"position": [0, 3, 8], "look_at": [0, 0.5, 0]}}
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def build(seed: int = 0) -> Domain:
     train, eval_ = generated_splits(NAME, make, seed, N_TRAIN, N_EVAL, system=SYSTEM)
     return Domain(NAME, train, eval_, SceneScorer(), DomainSettings(max_tokens=128, temperature=0.7),
-                  "scene/0.1 JSON documents from one-line briefs, validated and checked against the brief")
+                  "scene/0.1 JSON documents from one-line briefs, validated and checked against the brief",
+                  reference_completion)

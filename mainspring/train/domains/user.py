@@ -16,7 +16,10 @@ line; blank lines are skipped:
   lines with the same prompt need ids);
 - `split` (optional): "train" or "eval"; without it, a hash of the id puts about 80% in train,
   the same way on every run and for every seed;
-- every other field goes, as it is, into `sample.reference` for the scorer.
+- every other field goes, as it is, into `sample.reference` for the scorer;
+- `completion` (optional, a string; it goes into the reference too): what a perfect model would
+  reply. `mainspring inspect` checks that it scores full marks and builds wrong answers from it;
+  lines without one are left out of those checks.
 
 The scorer is "package.module:function" with `function(sample, completion)` returning a float,
 a `Score`, or a dict with "total" and optional "parts"; or an http(s) URL that is POSTed
@@ -124,4 +127,14 @@ def load_samples(path: str | Path, name: str, require_splits: bool = True) -> tu
 
 def user_domain(name: str, data: str | Path, scorer: Scorer, settings: DomainSettings | None = None) -> Domain:
     train, eval_ = load_samples(data, name)
-    return Domain(name, train, eval_, scorer, settings or DomainSettings(), f"user data from {data}")
+    has_reference = any(isinstance(s.reference.get("completion"), str) for s in train + eval_)
+    return Domain(name, train, eval_, scorer, settings or DomainSettings(), f"user data from {data}",
+                  reference_completion if has_reference else None)
+
+
+def reference_completion(sample: Sample) -> str:
+    """The line's "completion" string; LookupError for a line without one."""
+    completion = sample.reference.get("completion")
+    if not isinstance(completion, str):
+        raise LookupError(f"sample {sample.id!r} has no \"completion\" string")
+    return completion
