@@ -40,6 +40,8 @@ def train_cmd(
     config: Path = typer.Argument(..., help="the run's YAML config (see docs/train.md)"),
     resume: bool = typer.Option(False, "--resume", help="continue from the newest checkpoint in the run folder"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="run folder; default <data dir>/train/<config name>"),
+    no_inspect: bool = typer.Option(False, "--no-inspect", help="skip the model-free inspection of the domains "
+                                                                 "(an error finding stops the run)"),
 ) -> None:
     """Train a model on its domains with GRPO, evaluate before/after, gate, export, report."""
     from mainspring.config import get_settings
@@ -57,6 +59,11 @@ def train_cmd(
     run_dir = out or get_settings().data_dir / "train" / config.stem
     if not resume and (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
         fail(f"{run_dir} already holds a run: pass --resume to continue it, or --out for a new folder")
+    domains = None
+    if not no_inspect:
+        from mainspring.train.inspect.cli import gate_training
+
+        domains = gate_training(cfg, run_dir, quiet=rank != 0)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=err, transient=False, disable=rank != 0) as bar:
@@ -78,7 +85,7 @@ def train_cmd(
                 bar.console.print(f"exported: {e.data['path']}")
 
         try:
-            result = run_training(cfg, run_dir, resume=resume, on_event=on_event)
+            result = run_training(cfg, run_dir, resume=resume, on_event=on_event, domains=domains)
         except (TrainConfigError, DomainError, CheckpointError, EngineError, ValueError) as exc:
             fail(str(exc))
     if rank != 0:

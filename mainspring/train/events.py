@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-EventKind = Literal["started", "step", "eval", "checkpoint", "gate", "export", "message", "finished"]
+EventKind = Literal["started", "step", "eval", "checkpoint", "gate", "export", "message", "alarm", "finished"]
 
 
 @dataclass
@@ -18,6 +18,7 @@ class TrainEvent:
     # step: loss, reward (mean), reward_<domain>, kl, tokens_per_s, step_s, rollout_s, sync_s, scorer_errors
     # eval: phase ("before"|"after"), per-domain mean, n, ci (after: delta + paired bootstrap CI)
     # checkpoint: path; export: path, model id; gate: passed, regressions
+    # alarm: a Finding's JSON (inspect/monitor.py: reward divergence, length drift, entropy collapse, ...)
 
 
 OnEvent = Callable[[TrainEvent], None]

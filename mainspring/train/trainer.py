@@ -22,6 +22,7 @@ from mainspring.train.config import TrainConfig
 from mainspring.train.domains.base import Domain
 from mainspring.train.events import OnEvent, ShouldStop, TrainEvent, TrainResult
 from mainspring.train.grpo import group_advantages, has_signal
+from mainspring.train.inspect.monitor import TrainingMonitor
 from mainspring.train.policy import Policy
 from mainspring.train.rollout import Group, RolloutStats, generate_groups
 from mainspring.train.sampler import DomainSampler
@@ -92,6 +93,7 @@ class Trainer:
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16)
         self.step = 0
         self.main = self.world.rank == 0
+        self.monitor = TrainingMonitor()
 
     # -- state ------------------------------------------------------------------------------------
     def resume(self) -> bool:
@@ -109,6 +111,8 @@ class Trainer:
         self.step = step
         self.policy.sync_into(self.engine)
         self._truncate_metrics(step)
+        if self.metrics_path.exists():  # the alarms' windows span the resume; raised ones stay raised
+            self.monitor.replay(json.loads(ln) for ln in self.metrics_path.read_text().splitlines() if ln)
         return True
 
     def checkpoint(self) -> Path | None:
@@ -125,10 +129,24 @@ class Trainer:
         return self.run_dir / "metrics.jsonl"
 
     def _truncate_metrics(self, step: int) -> None:
-        if not self.main or not self.metrics_path.exists():
-            return
-        keep = [ln for ln in self.metrics_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-        self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        for path in (self.metrics_path, self.alarms_path):
+            if not self.main or not path.exists():
+                continue
+            keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+            path.write_text("".join(ln + "\n" for ln in keep))
+
+    @property
+    def alarms_path(self) -> Path:
+        return self.run_dir / "alarms.jsonl"
+
+    def alarm(self, findings: list) -> None:
+        """Training-time alarms (inspect/monitor.py): an "alarm" event each, and alarms.jsonl."""
+        for f in findings:
+            data = {"step": self.step, **f.to_json()}
+            if self.main:
+                with self.alarms_path.open("a") as fh:
+                    fh.write(json.dumps(data) + "\n")
+            self.on_event(TrainEvent("alarm", self.step, data))
 
     # -- one step ---------------------------------------------------------------------------------
     def _shard(self, samples: list) -> list:
@@ -176,6 +194,8 @@ class Trainer:
         names = list(self.domains)
         sums = torch.zeros(2, len(names), dtype=torch.float64)
         lengths = []
+        # share of distinct completions per group: the entropy-collapse proxy (no logprobs in rollouts)
+        distinct = [len({c.text for c in g.completions}) / len(g.completions) for g in seen if g.completions]
         for g in seen:
             for c in g.completions:
                 sums[0, names.index(g.domain)] += c.reward
@@ -190,15 +210,19 @@ class Trainer:
              "clip_frac": upd["clipped"] / max(1, upd["tokens"]), "kl": upd["kl_sum"] / max(1, upd["tokens"]),
              "grad_norm": upd["grad_norm"], "lr": self.updater.schedulers[next(iter(self.updater.schedulers))].get_last_lr()[0],
              "completion_len": sum(lengths) / max(1, len(lengths)), "rollout_s": stats.seconds,
+             "distinct_frac": sum(distinct) / max(1, len(distinct)),
              "score_s": stats.score_seconds, "rollout_tokens_per_s": stats.tokens_per_s,
              "cached_tokens": stats.cached_tokens, "prompt_tokens": stats.prompt_tokens,
              "update_s": t2 - t1, "sync_s": sync.seconds, "step_s": time.perf_counter() - t0,
              "scorer_errors": stats.scorer_errors, "scorer_error_examples": stats.errors,
              "sampling_weights": self.sampler.weights()}
+        alarms = self.monitor.observe(self.step, m)
+        m["alarms"] = [a.check for a in alarms]
         if self.main:
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(m) + "\n")
         self.on_event(TrainEvent("step", self.step, m))
+        self.alarm(alarms)
         return m
 
 
@@ -224,8 +248,8 @@ def _run(config: TrainConfig, run_dir: Path, resume: bool, domains, on_event, sh
     t = Trainer(config, run_dir, domains=domains, on_event=emit, settings=settings, loaded=loaded)
     resumed = t.resume() if resume else False
     if not resumed and t.main:
-        if t.metrics_path.exists():
-            t.metrics_path.unlink()
+        for stale in (t.metrics_path, t.alarms_path):
+            stale.unlink(missing_ok=True)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     emit(TrainEvent("started", t.step, {"resumed": resumed, "trainable_params": t.policy.num_trainable(),
                                          "domains": list(t.domains), "run_dir": str(run_dir),
@@ -242,6 +266,7 @@ def _run(config: TrainConfig, run_dir: Path, resume: bool, domains, on_event, sh
             before, _ = evaluate(t.engine, t.domains, config.eval_size)
             before_path.write_text(json.dumps({k: v.to_dict() for k, v in before.items()}, indent=2))
         emit(TrainEvent("eval", t.step, {"phase": "before", **{k: v.to_dict() for k, v in before.items()}}))
+        t.monitor.observe_eval(0, {k: v.mean for k, v in before.items()})
     checkpoints = []
     while t.step < config.steps:
         if should_stop is not None and should_stop():
@@ -262,6 +287,7 @@ def _run(config: TrainConfig, run_dir: Path, resume: bool, domains, on_event, sh
         (run_dir / "eval_after.json").write_text(json.dumps({k: v.to_dict() for k, v in after.items()}, indent=2))
         result.eval_after = {k: v.to_dict() for k, v in after.items()}
         emit(TrainEvent("eval", t.step, {"phase": "after", **result.eval_after}))
+        t.alarm(t.monitor.observe_eval(t.step, {k: v.mean for k, v in after.items()}))
         if before is not None:
             changes = compare(before, after, config.seed)
             verdict = gate(changes, config.gate_delta)
