@@ -8,7 +8,10 @@ changed), and eval items copied into train with the same edits (leaks). The peer
 (casefolded, whitespace collapsed; what `sort | uniq` or a `DISTINCT` gives): it finds the exact copies
 and no edited one.
 
-    python bench/inspect.py [--items 10000] [--embeddings] [--out bench/results/inspect.json] [--update-readme]
+    python bench/inspection.py [--items 10000] [--embeddings] [--out bench/results/inspect.json] [--update-readme]
+
+Not named bench/inspect.py: scripts run from bench/ put it first on sys.path, where that name would
+shadow the standard library's `inspect` for every other bench script.
 """
 
 from __future__ import annotations
@@ -211,7 +214,7 @@ def main() -> None:
         write_table("inspect", args.out, markdown)
         return
     report = {"result": run(args.items, args.seed, args.embeddings), "cpu": cpu_model(), "cores": os.cpu_count(),
-              "loadavg_1m": round(os.getloadavg()[0], 2), "command": "python bench/inspect.py " + " ".join(sys.argv[1:])}
+              "loadavg_1m": round(os.getloadavg()[0], 2), "command": "python bench/inspection.py " + " ".join(sys.argv[1:])}
     if args.calibration_items > 0:
         report["calibration"] = calibration(args.calibration_items, args.samples)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
