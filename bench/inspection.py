@@ -35,6 +35,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from readme_table import write_table  # noqa: E402
+from train import cpu_model  # noqa: E402  (bench/train.py: the one CPU-model reader of bench/)
 
 from mainspring.train.domains.base import Domain, Sample, Score  # noqa: E402
 from mainspring.train.inspect.dedupe import check_duplicates, normalize  # noqa: E402
@@ -48,16 +49,6 @@ EDIT_RATES = (0.03, 0.06, 0.10)
 class Zero:
     def score(self, sample: Sample, completion: str) -> Score:
         return Score(0.0)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def vocabulary(rng: random.Random, n: int = 20000) -> tuple[list[str], list[float]]:

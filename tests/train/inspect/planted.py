@@ -18,7 +18,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from mainspring.train.config import DomainSpec
 from mainspring.train.domains.base import Domain, Sample, Score, score_safely
+from mainspring.train.domains.registry import load_domain
 
 
 @dataclass
@@ -175,3 +177,19 @@ def plant_difficulty(domain: Domain, k: int = 3) -> tuple[FakeSource, dict[str, 
 def snapshot(domain: Domain) -> tuple[Any, ...]:
     """Everything a check could change, to compare before and after (inspection never modifies)."""
     return (copy.deepcopy(domain.train), copy.deepcopy(domain.eval), domain.scorer, domain.settings)
+
+
+def domain(name: str) -> Domain:
+    """A small copy (12 train, 6 eval) of shipped domain `name`: quick to inspect."""
+    return small(load_domain(DomainSpec(name=name), 0), 12, 6)
+
+
+def with_scorer(d: Domain, scorer) -> Domain:
+    return dataclasses.replace(d, train=list(d.train), eval=list(d.eval), scorer=scorer)
+
+
+def by_check(findings):
+    out: dict[str, list] = {}
+    for f in findings:
+        out.setdefault(f.check, []).append(f)
+    return out

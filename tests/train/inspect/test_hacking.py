@@ -13,24 +13,9 @@ from mainspring.train.domains.python_functions import extract_code, prompt
 from mainspring.train.domains.registry import load_domain
 from mainspring.train.inspect.findings import InspectOptions
 from mainspring.train.inspect.hacking import check_reward_hacking, spearman, special_case
-from tests.train.inspect.planted import always_true, length_hackable, small, snapshot
+from tests.train.inspect.planted import always_true, by_check, domain, length_hackable, snapshot, with_scorer
 
 OPTS = InspectOptions(max_items=12, score_timeout_s=5.0)
-
-
-def domain(name: str) -> Domain:
-    return small(load_domain(DomainSpec(name=name), 0), 12, 6)
-
-
-def with_scorer(d: Domain, scorer) -> Domain:
-    return dataclasses.replace(d, train=list(d.train), eval=list(d.eval), scorer=scorer)
-
-
-def by_check(findings):
-    out: dict[str, list] = {}
-    for f in findings:
-        out.setdefault(f.check, []).append(f)
-    return out
 
 
 def errors_and_warnings(findings):

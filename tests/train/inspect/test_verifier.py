@@ -10,31 +10,16 @@ import time
 import pytest
 
 from mainspring.train.config import DomainSpec
-from mainspring.train.domains.base import Domain, Sample, Score
+from mainspring.train.domains.base import Sample, Score
 from mainspring.train.domains.registry import builtin_names, load_domain
 from mainspring.train.domains.user import user_domain
 from mainspring.train.inspect.findings import InspectOptions
 from mainspring.train.inspect.probes import code_of, filler, padded, wrong_answers
 from mainspring.train.inspect.verifier import check_verifier
-from tests.train.inspect.planted import always_true, length_hackable, small, snapshot
+from tests.train.inspect.planted import always_true, by_check, domain, length_hackable, snapshot, with_scorer
 
 OPTS = InspectOptions(max_items=12, score_timeout_s=5.0)
 PURE = [n for n in builtin_names() if n != "code"]
-
-
-def domain(name: str) -> Domain:
-    return small(load_domain(DomainSpec(name=name), 0), 12, 6)
-
-
-def with_scorer(d: Domain, scorer) -> Domain:
-    return dataclasses.replace(d, train=list(d.train), eval=list(d.eval), scorer=scorer)
-
-
-def by_check(findings):
-    out: dict[str, list] = {}
-    for f in findings:
-        out.setdefault(f.check, []).append(f)
-    return out
 
 
 @pytest.mark.parametrize("name", PURE)
