@@ -42,11 +42,15 @@ lint: $(VENV)/.installed-test  ## ruff (correctness rules) and mypy (settings in
 	$(VENV)/bin/ruff check mainspring tests bench
 	$(VENV)/bin/mypy
 
+# one pytest worker per core (at most 4: each loads its own copy of the model); tests/conftest.py
+# divides torch's threads among them. Most tests wait on a subprocess, a sandbox or a socket.
+PYTEST_PAR ?= -n auto --maxprocesses=4 --dist worksteal
+
 test: $(VENV)/.installed-test lint  ## the whole suite, as CI runs it
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(PYTEST_PAR)
 
 test-fast: $(VENV)/.installed-test lint
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q $(PYTEST_PAR) -m "not slow"
 
 bench: install  ## bench/engine.py needs the bench extra: pip install -e '.[bench]'
 	$(PY) bench/engine.py

@@ -1,4 +1,5 @@
-"""Shared test setup: keep torch to a deliberate thread count so tests don't oversubscribe 2 cores."""
+"""Shared test setup: keep torch to a deliberate thread count so tests don't oversubscribe 2 cores
+(under pytest-xdist, the cores are divided among the workers)."""
 
 import os
 
@@ -6,7 +7,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-torch.set_num_threads(int(os.environ.get("MAINSPRING_TEST_THREADS", "2")))
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_threads = max(1, min(2, _cores // _workers))
+torch.set_num_threads(int(os.environ.get("MAINSPRING_TEST_THREADS", str(_threads))))
 
 from pathlib import Path  # noqa: E402
 
