@@ -18,11 +18,14 @@ The signal checks do not depend on it: they look only at whether an item's G rew
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from mainspring.train.domains.base import Domain, Sample, Score, score_safely
+from mainspring.train.domains.extract import first_json_object
 from mainspring.train.inspect.findings import CompletionSource, Finding, InspectOptions, items
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ PASS_THRESHOLD = 0.5
 FULL_MARKS = 0.999  # a reference "scores full marks" at or above this (float noise of weighted parts)
 SAME = 1e-6  # two rewards closer than this are equal (the trainer's zero-variance test is std == 0)
 MAX_LISTED = 20  # per-item evidence kept in one finding; item_ids always lists them all
+MAX_POINTS = 400  # (length, reward) pairs kept for the reward-vs-length plot
 TRAINER_GROUP_SIZES = (2, 4, 8, 16)  # G values the useful-group estimate is given for
 PROMPTS_PER_STEP = 4  # TrainConfig's default, for the "useful groups per step" figure
 
@@ -179,6 +183,7 @@ def check_difficulty(domain: Domain, options: InspectOptions, source: Completion
         "difficulty.pass_rate", "info", domain.name,
         f"pass rate {evidence['mean_pass_rate']:.2f} over {len(done)} items x {g} samples; "
         f"{share:.0%} of groups have reward variance", evidence=evidence))
+    findings.append(_reward_length(domain, done))
     whole = len(never) == len(done) or len(always) == len(done)
     if whole or not useful:
         # the domain as a whole: GRPO learns nothing here (at most a format from partial credit)
@@ -209,6 +214,20 @@ def check_difficulty(domain: Domain, options: InspectOptions, source: Completion
     return findings
 
 
+def _reward_length(domain: Domain, done: list[ItemSamples]) -> Finding:
+    """Reward vs length (words) of the model's own samples, the report's scatter. A measurement, not
+    a verdict: longer answers may be the complete ones; the length probes decide about hacking."""
+    from mainspring.train.inspect.hacking import spearman
+
+    points = [(len(t.split()), r) for x in done for t, r in zip(x.completions, x.rewards)]
+    rho = spearman([p[0] for p in points], [p[1] for p in points])
+    kept = points[::max(1, -(-len(points) // MAX_POINTS))]  # an even spread keeps the plot readable
+    return Finding("difficulty.reward_length", "info", domain.name,
+                   f"reward vs length of {len(points)} model samples: Spearman {rho:+.2f}",
+                   evidence={"spearman": round(rho, 3), "samples": len(points),
+                             "lengths": [p[0] for p in kept], "rewards": [round(p[1], 4) for p in kept]})
+
+
 def _flag(domain: Domain, check: str, which: list[ItemSamples], g: int, threshold: float, message: str,
           fix: str) -> Finding:
     detail = {x.sample.id: {"rewards": [round(r, 3) for r in x.rewards], "signal": x.has_signal}
@@ -237,10 +256,28 @@ def normalize(text: str) -> str:
     return " ".join(text.split()).casefold().rstrip(".").strip()
 
 
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w.]\d)")
+
+
+def answer_key(text: str) -> str:
+    """What two completions must share to give the same answer, judged by the answer's shape, not by
+    a domain's own extraction: a JSON object by its canonical form, text with numbers by its last
+    number (where a final answer usually stands: "The answer is 7." and "7" agree), other text by
+    `normalize`."""
+    obj = first_json_object(text)
+    if obj is not None:
+        return "json:" + json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        value = float(numbers[-1].replace(",", ""))
+        return f"number:{value:.12g}"
+    return "text:" + normalize(text)
+
+
 def check_label_noise(domain: Domain, options: InspectOptions, source: CompletionSource, *,
                       majority: float = 0.5, fail_below: float = PASS_THRESHOLD,
                       reference: Callable[[Sample], str | None] | None = None) -> list[Finding]:
-    """Items where more than `majority` of the G samples give the same answer, that answer scores
+    """Items where more than `majority` of the G samples give the same answer (`answer_key`), that answer scores
     below `fail_below`, and the reference (where it can be written as a completion) scores full
     marks: the samples agree with each other against the label, so the label may be wrong.
     `reference` writes a sample's reference as a completion: default the domain's own
@@ -254,13 +291,13 @@ def check_label_noise(domain: Domain, options: InspectOptions, source: Completio
     for x in done:
         if not x.completions:
             continue
-        votes = Counter(normalize(c) for c in x.completions)
-        answer, k = votes.most_common(1)[0]
-        if not answer or k < 2 or k <= majority * len(x.completions):
+        keys = [answer_key(c) for c in x.completions]
+        key, k = Counter(keys).most_common(1)[0]
+        if key == "text:" or k < 2 or k <= majority * len(x.completions):
             continue
-        score = max(s.total for c, s in zip(x.completions, x.scores) if normalize(c) == answer)
+        score = max(s.total for kk, s in zip(keys, x.scores) if kk == key)
         if score < fail_below and not any(s.error for s in x.scores):
-            consensus.append((x, answer, k, score))
+            consensus.append((x, key, k, score))
     # an answer the model gives to many different prompts is its habit, not a verdict on one label
     habit = Counter(a for _, a, _, _ in consensus)
     habitual = {a for a, c in habit.items() if c > max(2, 0.1 * len(done))}
@@ -275,7 +312,11 @@ def check_label_noise(domain: Domain, options: InspectOptions, source: Completio
         flagged.append((x, answer, k, score, ref, ref_score))
     if not flagged:
         return []
-    detail = {x.sample.id: {"majority_answer": a[:80], "votes": f"{k}/{len(x.completions)}", "majority_score": round(s, 3),
+    def example(x: ItemSamples, key: str) -> str:  # the majority's answer as the model first wrote it
+        return next(normalize(c) for c in x.completions if answer_key(c) == key)
+
+    detail = {x.sample.id: {"majority_answer": example(x, a)[:80], "votes": f"{k}/{len(x.completions)}",
+                            "majority_score": round(s, 3),
                             "reference": None if r is None else r[:80], "reference_score": rs}
               for x, a, k, s, r, rs in flagged[:MAX_LISTED]}
     return [Finding("label_noise.consensus_disagrees", "warning", domain.name,

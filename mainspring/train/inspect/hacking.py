@@ -103,10 +103,12 @@ def _length(domain: Domain, prober: Prober, samples: Sequence[Sample], refs: dic
         xs: list[float] = []
         gains: list[float] = []
         at_cap: list[float] = []
+        rows: list[list[float]] = []
         for j in range(len(bases)):
             row = totals[j * len(levels):(j + 1) * len(levels)]
             if any(t is None for t in row):
                 continue
+            rows.append([t or 0.0 for t in row])
             first = row[0] or 0.0
             xs += levels
             gains += [(t or 0.0) - first for t in row]
@@ -114,7 +116,8 @@ def _length(domain: Domain, prober: Prober, samples: Sequence[Sample], refs: dic
         if not at_cap:
             continue
         rho, gain = spearman(xs, gains), sum(at_cap) / len(at_cap)
-        measured[family] = {"spearman": round(rho, 3), "gain_at_cap": round(gain, 4), "items": len(at_cap)}
+        measured[family] = {"spearman": round(rho, 3), "gain_at_cap": round(gain, 4), "items": len(at_cap),
+                            "rewards": [round(sum(col) / len(col), 4) for col in zip(*rows)]}  # mean per level
         severity: Severity | None = None
         if family != "reference" and rho >= RHO_ERROR and gain >= GAIN_ERROR:
             severity = "error"

@@ -7,9 +7,10 @@ fewer numbers (or a new check) never breaks the report:
 - pass-rate histogram per domain: `pass_rates` (list, or {item id: rate}), or `histogram`
   ({"bins": [rate, ...], "counts": [items, ...]}), of difficulty findings;
 - reward vs length per domain: `lengths` with `rewards` (or `points`: [[length, reward], ...]), or
-  per-family `rewards` over `levels_words`, of reward-hacking findings;
+  per-family `rewards` over `levels_words`, of reward-hacking findings and of the model's samples;
 - duplicate cluster sizes per domain: `cluster_sizes`, or `clusters` (lists of ids), of data
-  findings, else the item count of each duplicate finding (one finding per cluster).
+  findings, else the item count of each duplicate finding (one finding per cluster);
+- output lengths per served-output set: `histogram_words` of `outputs.summary`.
 """
 
 from __future__ import annotations
@@ -125,12 +126,12 @@ Series = tuple[str, list[float], list[float]]  # (label, lengths, rewards)
 
 
 def reward_length(findings: Iterable[Finding]) -> dict[str, list[Series]]:
-    """Per domain, reward-vs-length series that reward-hacking findings recorded: `lengths` with
-    `rewards` (or `points`), or per probe family `families: {name: {"rewards": [...]}}` over
-    `levels_words` (mean reward at each padded length)."""
+    """Per domain, the reward-vs-length series that reward-hacking findings and the model samples'
+    `difficulty.reward_length` recorded: `lengths` with `rewards` (or `points`), or per probe family
+    `families: {name: {"rewards": [...]}}` over `levels_words` (mean reward at each padded length)."""
     out: dict[str, list[Series]] = {}
     for f in findings:
-        if not f.check.startswith("hacking.") or f.domain in out:
+        if not (f.check.startswith("hacking.") or f.check == "difficulty.reward_length"):
             continue
         ev = f.evidence
         series: list[Series] = []
@@ -147,7 +148,7 @@ def reward_length(findings: Iterable[Finding]) -> dict[str, list[Series]]:
                 if len(ys) == len(levels):
                     series.append((str(name), levels, ys))
         if series:
-            out[f.domain] = series
+            out.setdefault(f.domain, []).extend(series)
     return out
 
 
@@ -167,10 +168,23 @@ def cluster_sizes(findings: Iterable[Finding]) -> dict[str, list[int]]:
     return {d: sizes for d, sizes in out.items() if sizes}
 
 
+def output_lengths(findings: Iterable[Finding]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per served-output set, the word-length histogram (`histogram_words`: edges, counts) of its summary."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for f in findings:
+        hist = f.evidence.get("histogram_words") if f.check == "outputs.summary" else None
+        if isinstance(hist, dict):
+            edges, n = _floats(hist.get("edges")), _floats(hist.get("counts"))
+            if n and len(edges) == len(n) + 1 and sum(n) > 0:
+                out[f.domain] = (edges, n)
+    return out
+
+
 def plot(findings: Sequence[Finding], out_dir: Path) -> list[Path]:
     """The PNGs the evidence allows, written into `out_dir`."""
     rates, rl, clusters = pass_rates(findings), reward_length(findings), cluster_sizes(findings)
-    if not (rates or rl or clusters):
+    served = output_lengths(findings)
+    if not (rates or rl or clusters or served):
         return []  # matplotlib is not even imported for a report without numbers to draw
     import matplotlib
 
@@ -209,4 +223,10 @@ def plot(findings: Sequence[Finding], out_dir: Path) -> list[Path]:
             ax.hist(sizes, bins=range(2, max(sizes) + 2), color="#228833", edgecolor="white", align="left")
             ax.set(title=d, xlabel="duplicate cluster size", ylabel="clusters")
         save(fig, "duplicate_clusters.png")
+    if served:
+        fig, axes = plt.subplots(1, len(served), figsize=(3.2 * len(served), 2.8), squeeze=False)
+        for ax, (d, (edges, n)) in zip(axes[0], served.items()):
+            ax.stairs(n, edges, fill=True, color="#aa3377")
+            ax.set(title=d, xlabel="output length (words)", ylabel="outputs")
+        save(fig, "output_lengths.png")
     return made

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import pytest
 
 from mainspring.train.domains.base import Domain, Sample, Score
-from mainspring.train.inspect.difficulty import (EngineSource, check_difficulty, check_label_noise, normalize,
+from mainspring.train.inspect.difficulty import (EngineSource, answer_key, check_difficulty, check_label_noise, normalize,
                                                  reference_text)
 from mainspring.train.inspect.findings import InspectOptions
 
@@ -55,10 +55,24 @@ def by_check(findings):
     return {f.check: f for f in findings}
 
 
+def test_reward_vs_length_of_the_model_samples_is_measured_for_the_plot():
+    def longer_is_better(s: Sample, n: int) -> list[str]:  # right answers padded, wrong ones terse
+        a = s.reference["answer"]
+        return [f"{a} " + "so " * (5 + j) if j % 2 == 0 else "nope" for j in range(n)]
+
+    d = make_domain({f"q{i}": str(i) for i in range(8)})
+    f = by_check(check_difficulty(d, OPTS, Scripted(longer_is_better)))["difficulty.reward_length"]
+    ev = f.evidence
+    assert f.severity == "info" and ev["samples"] == 32 and len(ev["lengths"]) == len(ev["rewards"]) == 32
+    assert ev["spearman"] > 0.8 and sorted(set(ev["rewards"])) == [0.0, 0.5]  # padded: contains, not equals
+    flat = by_check(check_difficulty(d, OPTS, Scripted(mixed)))["difficulty.reward_length"]
+    assert flat.evidence["spearman"] == 0.0  # every sample is one word: no correlation to measure
+
+
 def test_a_well_calibrated_domain_has_only_the_measurement():
     d = make_domain({f"q{i}": str(i) for i in range(8)})
     found = by_check(check_difficulty(d, OPTS, Scripted(mixed)))
-    assert set(found) == {"difficulty.pass_rate"}
+    assert set(found) == {"difficulty.pass_rate", "difficulty.reward_length"}
     ev = found["difficulty.pass_rate"].evidence
     assert found["difficulty.pass_rate"].severity == "info"
     assert ev["histogram"]["bins"] == [0.0, 0.25, 0.5, 0.75, 1.0] and ev["histogram"]["counts"] == [0, 0, 8, 0, 0]
@@ -179,6 +193,28 @@ def test_a_wrong_reference_that_samples_agree_against_is_flagged():
     assert f.severity == "warning" and f.item_ids == ("q3",)
     assert f.evidence["items"]["q3"]["majority_answer"] == "3" and f.evidence["items"]["q3"]["votes"] == "3/4"
     assert f.evidence["items"]["q3"]["reference_score"] == 1.0
+
+
+def test_samples_that_word_the_same_answer_differently_agree():
+    """Exact text would see four different answers here; the answer's shape sees one."""
+    d = make_domain({"q0": "0", "q1": "1", "q2": "12"})
+
+    def worded(s: Sample, n: int) -> list[str]:
+        if s.id != "q2":
+            return [s.reference["answer"]] * n
+        return ["The answer is 1,000.", "1000", "so the total is 1000.0", "I think 999"][:n]
+
+    (f,) = check_label_noise(d, OPTS, Scripted(worded))
+    assert f.item_ids == ("q2",) and f.evidence["items"]["q2"]["votes"] == "3/4"
+    assert f.evidence["items"]["q2"]["majority_answer"] == "the answer is 1,000"  # as the model wrote it
+
+
+def test_answer_key():
+    assert answer_key("The answer is 42.") == answer_key("42") == answer_key("42.0") != answer_key("4.2")
+    assert answer_key("x = -3") == answer_key("-3") != answer_key("3")
+    assert answer_key('Here: {"b": 1, "a": [2]}') == answer_key('{"a":[2],"b":1}') != answer_key('{"a": [3], "b": 1}')
+    assert answer_key("  Paris. ") == answer_key("paris") != answer_key("Lima")
+    assert answer_key("v1.2.3 is out") != answer_key("3")  # a version is not the number 3
 
 
 def test_a_habitual_answer_is_not_evidence_against_labels():

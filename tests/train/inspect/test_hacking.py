@@ -43,6 +43,9 @@ def test_a_length_hackable_scorer_is_an_error():
     (f,) = [f for f in check_reward_hacking(length_hackable(domain("json")), OPTS)
             if f.check == "hacking.length" and f.evidence["family"] == "wrong answer"]
     assert f.severity == "error" and f.evidence["spearman"] >= 0.5 and f.evidence["gain_at_cap"] > 0.2
+    curve = f.evidence["rewards"]  # the mean reward at each padded length: what the report plots
+    assert len(curve) == len(f.evidence["levels_words"]) and curve[-1] - curve[0] == pytest.approx(
+        f.evidence["gain_at_cap"], abs=1e-3) and curve == sorted(curve)
 
 
 def test_a_length_bonus_only_for_wrong_answers_is_caught_without_references():

@@ -10,7 +10,7 @@ from mainspring.train.config import DomainSpec
 from mainspring.train.domains.base import Domain
 from mainspring.train.domains.registry import load_domain
 from mainspring.train.inspect.findings import Finding, InspectOptions
-from mainspring.train.inspect.report import write_report
+from mainspring.train.inspect.report import reward_length, write_report
 from mainspring.train.inspect.runner import inspect_domain
 from tests.train.inspect import planted
 
@@ -108,4 +108,6 @@ def test_the_report_names_every_planted_item(shipped, tmp_path):
     for ids in [*p.defects.values(), *defects.values()]:
         for i in ids:
             assert f"`{i}`" in md, i
-    assert (tmp_path / "pass_rates.png").exists()
+    assert (tmp_path / "pass_rates.png").exists() and "](reward_vs_length.png)" in md
+    series = {label for label, _, _ in reward_length(findings)["math"]}
+    assert {"completions", "filler", "wrong answer", "reference"} <= series  # model samples and probe curves
