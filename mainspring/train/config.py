@@ -76,6 +76,8 @@ class TrainConfig(_Strict):
     eval_before: bool = True
     eval_after: bool = True
     eval_size: int | None = Field(None, ge=1, description="held-out prompts per domain (None = all)")
+    eval_every: int | None = Field(None, ge=1, description="also evaluate the held-out set every N steps: the "
+                                   "independent metric of the reward-hacking alarm (None = before and after only)")
     gate_delta: float = Field(0.05, ge=0, description="export refused if a domain drops by more")
     export: bool = True
     suffix: str = "ft"

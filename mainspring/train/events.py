@@ -16,7 +16,7 @@ class TrainEvent:
     step: int
     data: dict[str, Any] = field(default_factory=dict)
     # step: loss, reward (mean), reward_<domain>, kl, tokens_per_s, step_s, rollout_s, sync_s, scorer_errors
-    # eval: phase ("before"|"after"), per-domain mean, n, ci (after: delta + paired bootstrap CI)
+    # eval: phase ("before"|"periodic"|"after"), per-domain mean, n, ci (after: delta + paired bootstrap CI)
     # checkpoint: path; export: path, model id; gate: passed, regressions
     # alarm: a Finding's JSON (inspect/monitor.py: reward divergence, length drift, entropy collapse, ...)
 

@@ -135,6 +135,18 @@ class Policy:
         """Log-probabilities [n, C] of n completions (right-padded, `lengths` real tokens each) of one
         prompt, 0 past each length. The prompt goes through the model once for all of them (GRPO's
         G samples share it), which is exact: its activations do not depend on what follows."""
+        return self._group_forward(prompt, completions, lengths, reference, entropy=False)[0]
+
+    def group_logprobs_and_entropy(self, prompt: torch.Tensor, completions: torch.Tensor,
+                                   lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """group_logprobs, and the policy's entropy (nats, detached) at each completion position [n, C]:
+        the entropy-collapse signal, from the logits the loss computes anyway."""
+        lp, ent = self._group_forward(prompt, completions, lengths, False, entropy=True)
+        assert ent is not None
+        return lp, ent
+
+    def _group_forward(self, prompt: torch.Tensor, completions: torch.Tensor, lengths: torch.Tensor,
+                       reference: bool, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         model, ctx = self._model_for(reference)
         with ctx:
             last, hidden = shared_prompt_forward(model, prompt, completions)
@@ -144,8 +156,14 @@ class Policy:
         valid = torch.arange(c)[None, :] < lengths[:, None]
         rows, cols = valid.nonzero(as_tuple=True)
         logits = model.compute_logits(pred[rows, cols]).float()
-        lp = logits.log_softmax(-1).gather(-1, completions[rows, cols][:, None]).squeeze(-1)
-        return torch.zeros(n, c, dtype=lp.dtype).index_put((rows, cols), lp)
+        log_probs = logits.log_softmax(-1)
+        lp = log_probs.gather(-1, completions[rows, cols][:, None]).squeeze(-1)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                h = -(log_probs.detach().exp() * log_probs.detach()).sum(-1)
+            ent = torch.zeros(n, c, dtype=h.dtype).index_put((rows, cols), h)
+        return torch.zeros(n, c, dtype=lp.dtype).index_put((rows, cols), lp), ent
 
     def token_logprobs(self, input_ids: torch.Tensor, targets_from: torch.Tensor, lengths: torch.Tensor,
                        reference: bool = False) -> torch.Tensor:

@@ -194,7 +194,7 @@ class Trainer:
         names = list(self.domains)
         sums = torch.zeros(2, len(names), dtype=torch.float64)
         lengths = []
-        # share of distinct completions per group: the entropy-collapse proxy (no logprobs in rollouts)
+        # share of distinct completions per group: collapse as seen in the text (entropy: in the logits)
         distinct = [len({c.text for c in g.completions}) / len(g.completions) for g in seen if g.completions]
         for g in seen:
             for c in g.completions:
@@ -208,6 +208,7 @@ class Trainer:
              **{f"reward_{d}": v for d, v in per_domain.items()},
              "groups": len(seen), "groups_kept": len(kept), "tokens": upd["tokens"],
              "clip_frac": upd["clipped"] / max(1, upd["tokens"]), "kl": upd["kl_sum"] / max(1, upd["tokens"]),
+             "entropy": upd["entropy_sum"] / max(1, upd["tokens"]),
              "grad_norm": upd["grad_norm"], "lr": self.updater.schedulers[next(iter(self.updater.schedulers))].get_last_lr()[0],
              "completion_len": sum(lengths) / max(1, len(lengths)), "rollout_s": stats.seconds,
              "distinct_frac": sum(distinct) / max(1, len(distinct)),
@@ -216,6 +217,9 @@ class Trainer:
              "update_s": t2 - t1, "sync_s": sync.seconds, "step_s": time.perf_counter() - t0,
              "scorer_errors": stats.scorer_errors, "scorer_error_examples": stats.errors,
              "sampling_weights": self.sampler.weights()}
+        every = self.cfg.eval_every
+        if self.main and every and self.step % every == 0 and self.step < self.cfg.steps:  # the last: eval_after
+            m.update(self._periodic_eval())
         alarms = self.monitor.observe(self.step, m)
         m["alarms"] = [a.check for a in alarms]
         if self.main:
@@ -224,6 +228,16 @@ class Trainer:
         self.on_event(TrainEvent("step", self.step, m))
         self.alarm(alarms)
         return m
+
+
+    def _periodic_eval(self) -> dict[str, float]:
+        """`heldout_<domain>` means of a greedy held-out eval: the monitor's independent metric."""
+        from mainspring.train.evaluate import evaluate
+
+        t0 = time.perf_counter()
+        evals, _ = evaluate(self.engine, self.domains, self.cfg.eval_size)
+        self.on_event(TrainEvent("eval", self.step, {"phase": "periodic", **{k: v.to_dict() for k, v in evals.items()}}))
+        return {**{f"heldout_{k}": v.mean for k, v in evals.items()}, "eval_s": time.perf_counter() - t0}
 
 
 def run_training(config: TrainConfig, run_dir: Path, *, resume: bool = False, domains: dict[str, Domain] | None = None,

@@ -122,7 +122,7 @@ class Updater:
         for p in self.params:
             p.grad = None
         for chunk, prompt, comps, lens in self._batches(items):
-            lp = self.policy.group_logprobs(prompt, comps, lens)
+            lp, entropy = self.policy.group_logprobs_and_entropy(prompt, comps, lens)
             old = lp.detach().clone()
             for r, x in enumerate(chunk):
                 if x.old_logp is not None:
@@ -139,6 +139,7 @@ class Updater:
             stats["loss"] += float(parts.loss.detach()) * weight
             stats["clipped"] += parts.clipped_tokens
             stats["kl_sum"] += parts.kl_sum
+            stats["entropy_sum"] += float((entropy * mask).sum())
             stats["tokens"] += parts.tokens
         grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if self.world.size > 1:
@@ -186,7 +187,8 @@ class Updater:
             warnings.simplefilter("ignore", UserWarning)
             for s in self.schedulers.values():
                 s.step()
-        stats["loss"] /= cfg.updates_per_batch
+        for key in ("loss", "clipped", "kl_sum", "entropy_sum"):  # per update, like tokens
+            stats[key] /= cfg.updates_per_batch
         stats["tokens"] //= cfg.updates_per_batch
         return stats
 
@@ -224,7 +226,7 @@ class Updater:
 
 
 def _new_stats() -> dict:
-    return {"loss": 0.0, "clipped": 0, "kl_sum": 0.0, "tokens": 0, "grad_norm": 0.0}
+    return {"loss": 0.0, "clipped": 0, "kl_sum": 0.0, "entropy_sum": 0.0, "tokens": 0, "grad_norm": 0.0}
 
 
 def _flatten(grads: list[torch.Tensor]) -> torch.Tensor:

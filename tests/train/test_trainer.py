@@ -87,6 +87,17 @@ def test_a_resumed_run_continues_exactly(tiny, tmp_path):
     assert not all(torch.equal(wa[k], w2[k]) for k in wa)  # step 3 did move the weights
 
 
+def test_periodic_held_out_eval_feeds_the_monitor(tiny, tmp_path):
+    events = []
+    run_training(config(steps=3, eval_every=2, checkpoint_every=5), tmp_path, domains={"vowels": domain()},
+                 loaded=tiny, on_event=events.append)
+    m = losses(tmp_path)
+    assert "heldout_vowels" not in m[0] and 0 <= m[1]["heldout_vowels"] <= 1 and "heldout_vowels" not in m[2]
+    periodic = [e for e in events if e.kind == "eval"]
+    assert [(e.step, e.data["phase"]) for e in periodic] == [(2, "periodic")]
+    assert periodic[0].data["vowels"]["mean"] == m[1]["heldout_vowels"]
+
+
 def test_resume_refuses_a_checkpoint_of_another_run(tiny, tmp_path):
     run_training(config(steps=1), tmp_path, domains={"vowels": domain()}, loaded=tiny)
     with pytest.raises(CheckpointError, match="lora"):
@@ -177,3 +188,4 @@ def test_kl_to_the_reference_and_several_updates_per_batch(tiny, tmp_path, lora)
     m = losses(tmp_path)
     assert m[1]["kl"] > 0
     assert m[0]["clip_frac"] > 0 or m[1]["clip_frac"] > 0
+    assert all(0 < x["entropy"] < 20 for x in m)  # nats per token, what the monitor watches for collapse

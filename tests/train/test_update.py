@@ -2,6 +2,8 @@
 is exact under gradient accumulation and under 2-process data parallelism, and gradient surgery
 changes the update when domains conflict."""
 
+import math
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -49,6 +51,30 @@ def test_training_forward_is_the_engines_forward():
     with torch.inference_mode():
         paged = engine(ids[0], torch.arange(21), kv, AttentionMetadata.build([], [([0, 1], 0, 21)], 16))
     assert torch.allclose(train, paged, atol=1e-5)
+
+
+def test_entropy_is_the_policys_at_each_completion_position():
+    """group_logprobs_and_entropy: the same log-probs as group_logprobs, and at each completion
+    token the entropy of the next-token distribution the full-sequence forward gives there."""
+    policy = Policy(CFG, tiny_state(CFG), None)
+    prompt, comps, lens = torch.tensor([3, 1, 4]), torch.tensor([[5, 9, 2], [6, 5, 0]]), torch.tensor([3, 2])
+    with torch.no_grad():
+        lp, ent = policy.group_logprobs_and_entropy(prompt, comps, lens)
+        assert torch.equal(lp, policy.group_logprobs(prompt, comps, lens))
+        for r in range(2):
+            ids = torch.cat([prompt, comps[r, :lens[r]]])[None]
+            logits = policy.model.compute_logits(dense_forward(policy.model, ids)[0]).float()
+            dist = torch.distributions.Categorical(logits=logits[len(prompt) - 1:-1])
+            assert torch.allclose(ent[r, :lens[r]], dist.entropy(), atol=1e-5)
+    assert ent[1, 2] == 0 and (ent[:, :2] > 0).all() and not ent.requires_grad
+
+
+def test_update_metrics_report_the_mean_entropy_per_token():
+    items = make_items()
+    stats = Updater(Policy(CFG, tiny_state(CFG), None), config(updates_per_batch=2), DOMAINS).step(items)
+    tokens = sum(len(x.ids) - x.start for x in items)
+    assert stats["tokens"] == tokens  # per update: the stats of two updates are averaged, not summed
+    assert 0 < stats["entropy_sum"] / tokens <= math.log(CFG.vocab_size) + 1e-6
 
 
 def reference_gradient(items: list[TrainItem]) -> list[torch.Tensor]:

@@ -6,9 +6,10 @@ What it watches, and in which metric:
   metrics (a periodic eval) or from `observe_eval` (the trainer's eval before and after the run).
 - response-length drift: the mean completion length (`completion_len`, tokens) of the latest
   window against the first window, by more than a relative `length_drift`.
-- entropy collapse: `entropy` where a step records it; the trainer's rollouts do not ask the engine
-  for logprobs, so it records `distinct_frac` instead (the share of distinct completions in a
-  group, averaged): identical samples are what a collapsed policy produces, at no cost to measure.
+- entropy collapse: `entropy`, the policy's mean per-token entropy over the step's completions
+  (the trainer computes it from the logits of its loss); metrics without it fall back to
+  `distinct_frac` (the share of distinct completions in a group, averaged): identical samples are
+  what a collapsed policy produces.
 - stagnation: a domain's training reward that has not improved by `stagnation_delta` over the
   last `stagnation_steps` steps (flat, or stuck at the ceiling where GRPO has no signal left).
 - no signal: dynamic sampling kept no group (`groups_kept` 0) for a whole window.
