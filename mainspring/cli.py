@@ -226,7 +226,7 @@ def _register_subcommands() -> None:
     from mainspring.scenes.cli import app as scene_app
     from mainspring.engine.cli import perplexity_cmd
     from mainspring.train.cli import train_cmd
-    from mainspring.train.inspect.cli import inspect_cmd
+    from mainspring.train.inspect.cli import inspect_cmd, inspect_outputs_cmd
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -240,6 +240,8 @@ def _register_subcommands() -> None:
     app.command("train", help="RL post-training (GRPO) across domains: evaluate, gate, export, report")(train_cmd)
     app.command("inspect", help="inspect training domains: verifier, reward hacking, duplicates, leaks, "
                                 "difficulty; exit 1 on an error finding")(inspect_cmd)
+    app.command("inspect-outputs", help="check served outputs (a batch output file or agent runs): schema "
+                                        "validity, refusals, truncation")(inspect_outputs_cmd)
 
 
 _register_subcommands()

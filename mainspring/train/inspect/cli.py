@@ -1,9 +1,12 @@
 """`mainspring inspect DOMAIN|CONFIG [--samples G] [--max-items N] [--json] [--out DIR] [--no-model]`,
-and the gate `mainspring train` runs before training (`gate_training`).
+the gate `mainspring train` runs before training (`gate_training`), and
+`mainspring inspect-outputs BATCH_OUTPUT|--agent-runs`, the same report over what the platform served.
 
 DOMAIN is a shipped domain's name or a comma list of them; CONFIG is a train config file, whose
 domains (and mixed data) are loaded exactly as `mainspring train` loads them. Exit codes: 0 no
-error finding, 1 an error finding (training on it would be wrong), 2 bad input.
+error finding, 1 an error finding (training on it would be wrong), 2 bad input; inspect-outputs exits 1 on a finding
+at or above --fail-on (default error; served-output findings are warnings, so `--fail-on warning`
+makes it a CI gate).
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ def inspect_cmd(
     no_model: bool = typer.Option(False, "--no-model", help="skip the checks that sample the model"),
     model: Optional[str] = typer.Option(None, "--model", help="model for the model checks (default: the config's)"),
     seed: int = typer.Option(0, "--seed", help="seed of the shipped domains' train split"),
+    check_timeout: Optional[float] = typer.Option(None, "--check-timeout", min=0.001,
+                                                  help="seconds one check may take (an error finding past it)"),
 ) -> None:
     """Inspect training domains: verifier soundness, reward hacking, duplicates, leaks, malformed
     items and (with the model) difficulty; writes a report and exits 1 on an error finding."""
@@ -145,7 +150,8 @@ def inspect_cmd(
             source = model_source(model or t.model, seed)
         except EngineError as exc:
             fail(f"cannot load the model for the model checks ({exc}); pass --no-model to skip them")
-    findings = inspect_domains(t.domains, InspectOptions(samples=samples, max_items=max_items, seed=seed), source)
+    findings = inspect_domains(t.domains, InspectOptions(samples=samples, max_items=max_items, seed=seed,
+                                                                check_timeout_s=check_timeout), source)
     names = list(t.domains)
     report = write_report(findings, out or get_settings().data_dir / "inspect" / t.label, names)
     if as_json:
@@ -190,3 +196,60 @@ def gate_training(cfg: TrainConfig, run_dir: Path, *, quiet: bool = False) -> di
     warnings = sum(f.severity == "warning" for f in findings)
     err.out(f"inspection: no errors, {warnings} warnings (report: {report})", highlight=False)
     return domains
+
+
+def inspect_outputs_cmd(
+    output_file: Optional[Path] = typer.Argument(None, help="a batch output (or error) JSONL file"),
+    input_file: Optional[Path] = typer.Option(None, "--input", "-i",
+                                              help="the batch's input JSONL: each request's response_format"),
+    agent_runs: bool = typer.Option(False, "--agent-runs", help="the agent journal's model steps instead"),
+    project: Optional[str] = typer.Option(None, "--project", "-p", help="with --agent-runs: only this project's runs"),
+    run_ids: Optional[list[str]] = typer.Option(None, "--run", help="with --agent-runs: only this run (repeatable)"),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="with --agent-runs: the oldest N steps"),
+    fail_on: str = typer.Option("error", "--fail-on", help="exit 1 on a finding of this severity or worse: "
+                                                           "error or warning"),
+    as_json: bool = typer.Option(False, "--json", help="print the findings as one JSON object on stdout"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="report folder; default <data dir>/inspect/<name>"),
+) -> None:
+    """Check served outputs: schema validity, refusals, truncation, empty answers and failures of a
+    batch output file or of recorded agent runs; writes the same report as `mainspring inspect`."""
+    from mainspring.config import get_settings
+    from mainspring.train.inspect.outputs import check_outputs, records_from_agent_runs, records_from_batch
+    from mainspring.train.inspect.report import write_report
+    from mainspring.train.inspect.runner import counts
+
+    if fail_on not in ("error", "warning"):
+        fail(f"--fail-on must be error or warning, not {fail_on!r}")
+    if agent_runs == (output_file is not None):
+        fail("name a batch output file or pass --agent-runs (one of them)")
+    if not agent_runs and (project or run_ids or limit):
+        fail("--project, --run and --limit select agent runs: pass --agent-runs")
+    if agent_runs and input_file is not None:
+        fail("--input belongs to a batch output file, not to --agent-runs")
+    settings = get_settings()
+    try:
+        if output_file is not None:
+            for f in (output_file, input_file):
+                if f is not None and not f.is_file():
+                    fail(f"no such file: {f}")
+            name = output_file.stem
+            records = records_from_batch(output_file, input_file)
+        else:
+            name = f"agents-{project}" if project else "agents"
+            records = records_from_agent_runs(settings.resolved_database_url(), run_ids=run_ids, project=project,
+                                              limit=limit)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        fail(str(exc))
+    findings = check_outputs(records, name=name)
+    report = write_report(findings, out or settings.data_dir / "inspect" / f"outputs-{name}", [name])
+    worst = {"error": ("error",), "warning": ("error", "warning")}[fail_on]
+    if as_json:
+        typer.echo(json.dumps({"source": str(output_file) if output_file else "agent-runs", "name": name,
+                               "records": len(records), "counts": counts(findings, [name]), "report": str(report),
+                               "findings": [f.to_json() for f in findings]}, default=str))
+    else:
+        console = Console(soft_wrap=True)
+        render_summary(findings, [name], console)
+        console.out(f"report: {report}", highlight=False)
+    if any(f.severity in worst for f in findings):
+        raise typer.Exit(1)

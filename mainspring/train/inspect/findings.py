@@ -38,6 +38,7 @@ class InspectOptions:
     max_items: int | None = None  # per split; None = all
     seed: int = 0
     score_timeout_s: float = 10.0  # a scorer slower than this on one completion is flagged
+    check_timeout_s: float | None = None  # a whole check slower than this is an error finding; None = no limit
     near_duplicate_jaccard: float = 0.8  # MinHash-estimated Jaccard of word 5-gram shingles
     leak_jaccard: float = 0.6  # train/eval pairs at or above this are a leak
     leak_cosine: float = 0.95  # embedding similarity (when the embedding model is installed)

@@ -234,11 +234,12 @@ def _jsonl(path: Path) -> list[Any]:
     return rows
 
 
-def records_from_agent_runs(db: Any, *, run_ids: Sequence[str] | None = None,
+def records_from_agent_runs(db: Any, *, run_ids: Sequence[str] | None = None, project: str | None = None,
                             limit: int | None = None) -> list[OutputRecord]:
     """Records of the agent journal's model steps (`db`: a SQLAlchemy Engine or URL), oldest first:
     completed steps with the assistant's text (its tool calls as JSON when it only called tools),
-    failed steps as finish_reason "error". Read only; ValueError if there is no journal."""
+    failed steps as finish_reason "error"; only `project`'s runs when it is given (a project name).
+    Read only; ValueError if there is no journal or no such project."""
     import sqlalchemy as sa
 
     if isinstance(db, str):
@@ -254,6 +255,17 @@ def records_from_agent_runs(db: Any, *, run_ids: Sequence[str] | None = None,
         q = sa.select(steps.c.id, steps.c.status, steps.c.output_json).where(steps.c.kind == "model")
         if run_ids is not None:
             q = q.where(steps.c.run_id.in_(list(run_ids)))
+        if project is not None:
+            try:
+                runs = sa.Table("runs", sa.MetaData(), autoload_with=engine, resolve_fks=False)
+                projects = sa.Table("projects", sa.MetaData(), autoload_with=engine)
+            except sa.exc.NoSuchTableError as exc:
+                raise ValueError(f"no `{exc}` table: this database has no projects") from None
+            with engine.connect() as conn:
+                pid = conn.execute(sa.select(projects.c.id).where(projects.c.name == project)).scalar()
+            if pid is None:
+                raise ValueError(f"no project named {project!r} in this database")
+            q = q.where(steps.c.run_id.in_(sa.select(runs.c.id).where(runs.c.project_id == pid)))
         q = q.order_by(steps.c.started_at, steps.c.seq)
         if limit is not None:
             q = q.limit(limit)

@@ -10,6 +10,7 @@ would be circular; and a missing module is reported as a finding instead of brea
 from __future__ import annotations
 
 import importlib
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
@@ -83,10 +84,20 @@ def inspect_domain(domain: Domain, options: InspectOptions | None = None, source
 
 def run_check(check: Check, domain: Domain, options: InspectOptions, source: CompletionSource | None = None
               ) -> list[Finding]:
-    """One check's findings; its exception, or a result that is not a list of findings, is one error
-    finding that names the check (the domain cannot be trusted when a check could not look at it)."""
+    """One check's findings; its exception, a result that is not a list of findings, or (with
+    `options.check_timeout_s`) running past the limit, is one error finding that names the check
+    (the domain cannot be trusted when a check could not look at it)."""
+    def call() -> object:
+        return check.fn(domain, options, source) if check.needs_model else check.fn(domain, options)
+
     try:
-        result = check.fn(domain, options, source) if check.needs_model else check.fn(domain, options)
+        result = call() if options.check_timeout_s is None else _within(call, options.check_timeout_s)
+    except _CheckTimeout:
+        return [Finding("runner.check_timeout", "error", domain.name,
+                        f"check {check.name} did not finish in {options.check_timeout_s:g} s",
+                        evidence={"check": check.name, "timeout_s": options.check_timeout_s},
+                        fix="inspect fewer items (--max-items), raise --check-timeout, or find what hangs "
+                            "(a scorer that ignores its own timeout)")]
     except Exception as exc:  # any bug or bad data inside a check: reported, the run goes on
         tail = traceback.format_exc(limit=-3).strip().splitlines()[-6:]
         return [Finding("runner.check_failed", "error", domain.name,
@@ -98,6 +109,31 @@ def run_check(check: Check, domain: Domain, options: InspectOptions, source: Com
                         f"check {check.name} failed: it returned {type(result).__name__}, not a list of findings",
                         evidence={"check": check.name}, fix="report the check's bug")]
     return result
+
+
+class _CheckTimeout(Exception):
+    pass
+
+
+def _within(fn: Callable[[], object], timeout_s: float) -> object:
+    """fn() in a daemon thread, or _CheckTimeout after `timeout_s`. Python cannot kill a thread: a
+    check past its limit runs on, abandoned, until it returns or the process exits."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the caller's thread, which reports it
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="inspect-check", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise _CheckTimeout()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]
 
 
 def inspect_domains(domains: Mapping[str, Domain] | Iterable[Domain], options: InspectOptions | None = None,

@@ -42,6 +42,30 @@ def test_a_raising_check_is_an_error_finding_and_the_others_still_run():
     assert "boom" in failed.evidence["traceback"]
 
 
+def test_a_check_past_its_time_limit_is_an_error_finding_and_the_others_still_run():
+    import threading
+
+    release = threading.Event()
+
+    def hangs(d, options):
+        release.wait(30)
+        return []
+
+    def boom(d, options):
+        raise KeyError("answer")
+
+    opts = InspectOptions(check_timeout_s=0.2)
+    try:
+        out = inspect_domain(domain(), opts, checks=[Check("x.hangs", hangs), Check("x.boom", boom),
+                                                     Check("x.ok", finds("x.ok"))])
+    finally:
+        release.set()
+    assert [(f.check, f.severity) for f in out] == [("runner.check_timeout", "error"), ("runner.check_failed", "error"),
+                                                    ("x.ok", "warning")]
+    assert "x.hangs did not finish in 0.2 s" in out[0].message and out[0].evidence["timeout_s"] == 0.2
+    assert "boom" in out[1].evidence["traceback"]  # an exception in the timed thread keeps its traceback
+
+
 def test_a_check_returning_garbage_is_an_error_finding():
     out = inspect_domain(domain(), checks=[Check("x.bad", lambda d, o: {"not": "a list"}),
                                            Check("x.mixed", lambda d, o: ["a string"])])
