@@ -34,12 +34,15 @@ class Settings(BaseSettings):
     kv_disk_cache_mb: int = Field(0, ge=0, description="disk for the prefix cache's second tier under "
                                   "<data_dir>/cache/kv: evicted KV blocks are reloaded instead of recomputed, "
                                   "and the cache survives a restart; 0 = off")
-    quantization: str = Field("", description="weights of the standard engine: '' (fp32) or 'int4'")
+    quantization: str = Field("", description="weights of the standard engine: '' (fp32), 'int4', 'int4-bf16', "
+                              "'int4-fp32' or 'int8'")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "
                              "'draft:layers=20,k=4' or a JSON object (engine/speculative.py); empty = off")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "
                            "'hot=256,bits=8' (engine/kv_policy.py); empty = dense fp32")
-    fast_variant: bool = Field(True, description="serve '<model>-fast' on its own int4 + speculative engine")
+    fast_variant: bool = Field(True, description="serve '<model>-fast' on its own quantized + speculative engine")
+    fast_kernel: str = Field("auto", description="weights of the -fast engine: 'auto' (measured per CPU at first "
+                             "start, engine/kernel_choice.py), 'int4-bf16', 'int8', 'int4-fp32' or 'fp32'")
     fast_speculative: str = Field("", description="speculative decoding of the -fast engine, as `speculative` or "
                                   "'off'; empty = the measured default, n-gram k=5 n=3 (engine/fast_variant.py)")
 

@@ -56,8 +56,12 @@ def test_up_serves_health_then_down(embedded, tmp_path):
         assert f"http://127.0.0.1:{port}" in proc.stdout
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
         assert health["status"] == "ok" and health["model"] == "SmolLM2-135M-Instruct"
+        fast = health["fast_variant"]  # the weights the -fast engine measured best on this CPU
+        assert fast["model"] == "SmolLM2-135M-Instruct-fast" and fast["weights"] in fast["ms_per_step"]
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        card = next(m for m in models["data"] if m["id"] == "SmolLM2-135M-Instruct-fast")
+        assert card["weights"] == fast["weights"] and card["speculative"] != "off"
         again = run("up", env=env)  # idempotent: finds the running server
         assert again.returncode == 0 and "running" in again.stdout
     finally:

@@ -96,6 +96,13 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     @app.get("/health")
     async def health() -> dict:
         eng = app.state.engine.engine
-        return {"status": "ok", "version": __version__, "model": eng.name, **eng.stats()}
+        out = {"status": "ok", "version": __version__, "model": eng.name, **eng.stats()}
+        fast = getattr(getattr(app.state, "fast_engine", None), "engine", None)
+        choice = getattr(fast, "kernel_choice", None)
+        if fast is not None and choice is not None:  # which weights the -fast variant runs on this CPU, and why
+            out["fast_variant"] = {"model": fast.name, "weights": choice.name, "reason": choice.reason,
+                                   "ms_per_step": choice.ms_per_step, "accuracy": choice.accuracy,
+                                   "cpu": choice.cpu, "from_cache": choice.from_cache}
+        return out
 
     return app

@@ -7,7 +7,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence as Seq, cast
+from typing import TYPE_CHECKING, Sequence as Seq, cast
 
 import torch
 from rich.progress import Progress
@@ -31,6 +31,9 @@ from mainspring.engine.sequence import Sequence, SequenceStatus
 from mainspring.engine.quant_cache import quantize_for_engine
 from mainspring.engine.speculative import SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mainspring.engine.kernel_choice import KernelChoice
 
 log = logging.getLogger(__name__)
 Prompt = str | list[int]
@@ -58,6 +61,7 @@ class LLMEngine:
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size)
+        self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         bs = self.config.block_size

@@ -1,7 +1,11 @@
 """The `-fast` model variant: the same weights and tokenizer, run by an engine configured for
-single-stream speed (int4 weight-only linears + speculative decoding).
+single-stream speed: the weight format this CPU runs fastest within an accuracy bound (measured at
+first start and cached, engine/kernel_choice.py) plus speculative decoding.
 
-The API serves it as `<engine name>-fast` (the price sheet bills it as the "fast" tier).
+When no quantized format beats fp32 on the CPU, the fast engine keeps the standard weights and
+still decodes speculatively, so it is never slower than the standard one; the log, /health and
+/v1/models say which format it runs. The API serves it as `<engine name>-fast` (the price sheet
+bills it as the "fast" tier).
 """
 
 from __future__ import annotations
@@ -12,41 +16,66 @@ import logging
 from mainspring.config import Settings, get_settings
 from mainspring.engine.config import EngineConfig
 from mainspring.engine.engine import LLMEngine
+from mainspring.engine.kernel_choice import FP32, KernelChoice, choose_kernel
 from mainspring.engine.loader import LoadedModel, load_model
+from mainspring.engine.quant_cache import QUANTIZATION_METHODS
 from mainspring.engine.speculative import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
 FAST_SUFFIX = "-fast"
-FAST_QUANTIZATION = "int4"
 # Speculative decoding for the fast variant when MAINSPRING_FAST_SPECULATIVE is empty. Prompt lookup
 # (n-gram) measured 2x over int4 alone on the single-stream bench (1 thread, loaded machine); the
 # layer-skip draft model was slower than none (two thirds of the model per draft token). k=5 keeps
-# verification (k + 1 rows) on the int4 kernel (quant.KERNEL_MAX_ROWS).
+# verification (k + 1 rows) on the int4 kernel (quant.KERNEL_MAX_ROWS); the kernel choice times k + 1 rows.
 FAST_SPECULATIVE = SpeculativeConfig("ngram", k=5, n=3)
 # Compiling the decode step is not part of the fast variant: torch.compile costs 10-80 s per shape
 # and at 2 threads under load its graphs ran slower than eager (shared/notes/engine.md section 4).
 FAST_COMPILE_DECODE = False
 
 
-def fast_engine_config(settings: Settings | None = None) -> EngineConfig:
-    """The plain engine's options from `settings`, plus int4 weights and speculative decoding
-    (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty; "off" turns it off)."""
+FAST_KERNELS = ("auto", *(m for m in QUANTIZATION_METHODS if m != "int4"), FP32)
+
+
+def fast_speculative(settings: Settings) -> SpeculativeConfig | None:
+    s = settings.fast_speculative
+    return SpeculativeConfig.parse(s) if s.strip() else FAST_SPECULATIVE
+
+
+def fast_engine_config(settings: Settings | None = None, quantization: str | None = "int4") -> EngineConfig:
+    """The plain engine's options from `settings`, plus `quantization` (None: the standard fp32
+    weights) and speculative decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty;
+    "off" turns it off)."""
     s = settings or get_settings()
-    spec = SpeculativeConfig.parse(s.fast_speculative) if s.fast_speculative.strip() else FAST_SPECULATIVE
-    return dataclasses.replace(EngineConfig.from_settings(s), quantization=FAST_QUANTIZATION, speculative=spec)
+    return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization, speculative=fast_speculative(s))
+
+
+def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:
+    """What MAINSPRING_FAST_KERNEL asks for: a pinned format, or ("auto") the measured choice."""
+    wanted = settings.fast_kernel.strip().lower()
+    if wanted not in FAST_KERNELS:
+        raise ValueError(f"MAINSPRING_FAST_KERNEL={settings.fast_kernel!r}: expected one of {', '.join(FAST_KERNELS)}")
+    if wanted != "auto":
+        return KernelChoice(wanted, "pinned by MAINSPRING_FAST_KERNEL")
+    spec = fast_speculative(settings)
+    return choose_kernel(loaded, settings.cache_dir, threads=settings.resolved_threads(),
+                         verify_rows=(spec.k + 1) if spec is not None else 1)
 
 
 def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None) -> LLMEngine:
     """The `-fast` engine. Pass the plain engine's `LoadedModel` to share its tokenizer and fp32
-    tensors (embeddings, norms); the int4 weights come from the disk cache after the first start."""
+    tensors (embeddings, norms); int4 weights come from the disk cache after the first start."""
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
-    config = fast_engine_config(s)
+    choice = fast_kernel(s, loaded)
+    config = fast_engine_config(s, choice.quantization)
     engine = LLMEngine(loaded, config)
     engine.name = loaded.name + FAST_SUFFIX
-    report = engine.quant_report
-    assert report is not None  # the config asks for FAST_QUANTIZATION, so the engine quantized
-    log.info("fast variant ready: %s (int4: %d linears, speculative %s)", engine.name,
-             len(report.quantized), config.speculative)
+    engine.kernel_choice = choice
+    ms = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.ms_per_step.items())
+    log.info("fast variant ready: %s on %s weights (%s%s; %s), speculative %s", engine.name, choice.name,
+             choice.reason, ", cached" if choice.from_cache else "", ms or "not measured", config.speculative)
+    if choice.name == FP32:
+        log.warning("%s runs the standard fp32 weights (%s): only speculative decoding makes it faster",
+                    engine.name, choice.reason)
     return engine

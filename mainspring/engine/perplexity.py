@@ -28,6 +28,7 @@ from mainspring.engine.sequence import Sequence
 @dataclass
 class PerplexityResult:
     nll: list[float]  # per scored token (token i+1 given tokens <= i)
+    top1: list[int] = field(default_factory=list)  # the most likely next token at each scored position
     peak_hot_blocks: int = 0
     peak_cold_blocks: int = 0
     kv_bytes_peak: int = 0  # hot blocks at fp32 + cold blocks at their quantized size
@@ -75,6 +76,7 @@ def perplexity(engine, token_ids: list[int], policy: KVPolicy | None = None, chu
                 targets = torch.tensor(token_ids[start + 1 : start + take + 1])
                 nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 out.nll.extend(nll.tolist())
+                out.top1.extend(logits.argmax(-1).tolist())
                 seq.num_computed_tokens = start + take
                 bm.mark_computed(seq, seq.num_computed_tokens)
                 runner.apply_kv_policy([seq], bm)

@@ -27,7 +27,10 @@ from mainspring.engine.quant import DEFAULT_GROUP_SIZE, DEFAULT_TWO_PASS, Int4We
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "mainspring-int4/1"
-QUANTIZATION_METHODS = ("int4",)
+# "int4": activations in bf16 where the CPU does bf16 natively, else fp32 (quant.default_compute_dtype);
+# "int4-bf16" / "int4-fp32" pin them; "int8": int8 weights and dynamically quantized activations
+QUANTIZATION_METHODS = ("int4", "int4-bf16", "int4-fp32", "int8")
+_INT4_COMPUTE = {"int4": None, "int4-bf16": torch.bfloat16, "int4-fp32": torch.float32}
 
 
 def source_identity(source_dir: Path) -> str:
@@ -97,7 +100,8 @@ def load_int4_weights(path: Path, group_size: int) -> dict[str, Int4Weight] | No
 
 def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Path | None,
                         group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
-                        two_pass: tuple[str, ...] = DEFAULT_TWO_PASS) -> QuantReport:
+                        two_pass: tuple[str, ...] = DEFAULT_TWO_PASS,
+                        compute_dtype: torch.dtype | None = None) -> QuantReport:
     """`quantize_model`, taking the int4 forms from the disk cache when there is one and writing
     it when there was not. `source_dir` None (weights not from a folder) means no caching."""
     start = time.perf_counter()
@@ -106,7 +110,8 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
     if source_dir is not None and cache_dir is not None:
         path = quant_cache_file(cache_dir, source_dir, group_size, include_lm_head, two_pass)
         cached = load_int4_weights(path, group_size)
-    report, forms = quantize_model(model, group_size, include_lm_head, two_pass, weights=cached)
+    report, forms = quantize_model(model, group_size, include_lm_head, two_pass, weights=cached,
+                                   compute_dtype=compute_dtype)
     report.cache_file = str(path) if path else None
     report.from_cache = cached is not None and report.num_quantized_now == 0
     if path is not None and report.num_quantized_now:
@@ -122,15 +127,24 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
 
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
                         group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None) -> QuantReport | None:
-    """What `EngineConfig.quantization` asks for: None leaves the model fp32; "int4" quantizes it
-    (cached under `cache_dir`, default get_settings().cache_dir)."""
+    """What `EngineConfig.quantization` asks for: None leaves the model fp32; an int4 method
+    quantizes it (cached under `cache_dir`, default get_settings().cache_dir); "int8" needs no cache."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; supported: {', '.join(QUANTIZATION_METHODS)} "
                          "(or none for fp32 weights)")
+    if method == "int8":
+        from mainspring.engine.quant_int8 import available, quantize_model_int8
+
+        if not available():
+            raise ValueError("quantization 'int8' needs torch's quantized CPU engine (fbgemm/onednn/qnnpack), "
+                             "which this torch build lacks")
+        report = quantize_model_int8(model)
+        log.info("int8: %d linears quantized, %.2f s", len(report.quantized), report.seconds)
+        return report
     if cache_dir is None:
         from mainspring.config import get_settings
 
         cache_dir = get_settings().cache_dir
-    return quantize_with_cache(model, source_dir, cache_dir, group_size)
+    return quantize_with_cache(model, source_dir, cache_dir, group_size, compute_dtype=_INT4_COMPUTE[method])

@@ -259,8 +259,8 @@ def test_engine_option_values():
     assert [parse_quantization(v) for v in (None, "", "none", "FP32", " int4 ")] == [None, None, None, None, "int4"]
     model = tiny_model()
     assert quantize_for_engine(model, None, None) is None and type(model.layers[0].mlp.down_proj) is nn.Linear
-    with pytest.raises(ValueError, match=r"unknown quantization 'int8'; supported: int4"):
-        quantize_for_engine(model, None, "int8")
+    with pytest.raises(ValueError, match=r"unknown quantization 'int3'; supported: int4, int4-bf16, int4-fp32, int8"):
+        quantize_for_engine(model, None, "int3")
     report = quantize_for_engine(model, None, "int4", 32)
     assert report.cache_file is None and len(report.quantized) == 8
 
@@ -368,11 +368,36 @@ def test_fast_engine(embedded, fp32_activations):
     from mainspring.engine.fast_variant import build_fast_engine
     from mainspring.engine.params import SamplingParams
 
-    engine = build_fast_engine(Settings(kv_cache_mb=64), loaded=embedded)
+    engine = build_fast_engine(Settings(kv_cache_mb=64, fast_kernel="int4-fp32"), loaded=embedded)
     assert engine.name == embedded.name + "-fast"
-    assert engine.config.quantization == "int4" and engine.config.speculative
+    assert engine.config.quantization == "int4-fp32" and engine.config.speculative
+    assert engine.kernel_choice.reason == "pinned by MAINSPRING_FAST_KERNEL"
     assert isinstance(engine.model.lm_head, Int4Linear) and len(engine.quant_report.quantized) == 121
     assert engine.tokenizer is embedded.tokenizer
     out = engine.generate([chat_ids(engine, "What is the capital of France?")],
                           SamplingParams(temperature=0.0, max_tokens=24))[0]
     assert "Paris" in out.text
+
+
+@pytest.mark.slow
+def test_the_measured_fast_kernel_meets_its_accuracy_bound(embedded, tmp_path):
+    """The real choice on this CPU, whatever it is: every candidate timed, the winner within the
+    bound (or fp32, the standard weights, with speculative decoding still on), the choice cached."""
+    from mainspring.config import Settings
+    from mainspring.engine.fast_variant import build_fast_engine
+    from mainspring.engine.kernel_choice import AccuracyBound, candidates
+    from mainspring.engine.cpu import detect
+    from mainspring.engine.quant_int8 import available
+
+    settings = Settings(kv_cache_mb=64, data_dir=tmp_path)
+    engine = build_fast_engine(settings, loaded=embedded)
+    choice = engine.kernel_choice
+    assert set(choice.ms_per_step) == set(candidates(detect(), available())) and not choice.from_cache
+    assert engine.config.speculative is not None and engine.config.quantization == choice.quantization
+    if choice.name != "fp32":
+        bound = AccuracyBound()
+        acc = choice.accuracy[choice.name]
+        assert acc["top1"] >= bound.min_top1 and acc["ppl_ratio"] <= bound.max_ppl_ratio
+        assert choice.ms_per_step[choice.name] < choice.ms_per_step["fp32"]
+    again = build_fast_engine(settings, loaded=embedded).kernel_choice
+    assert again.from_cache and again.name == choice.name

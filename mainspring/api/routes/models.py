@@ -101,8 +101,14 @@ async def resolve_model(request: Request, name: str, fast: bool = False) -> Serv
 
 
 def _card(m: ServedModel, created: int) -> dict:
-    return {"id": m.id, "object": "model", "created": created, "owned_by": "mainspring", "tier": m.tier,
+    card = {"id": m.id, "object": "model", "created": created, "owned_by": "mainspring", "tier": m.tier,
             "context_window": m.max_model_len}
+    engine = getattr(m.engine, "engine", None)
+    choice = getattr(engine, "kernel_choice", None) if m.tier == "fast" else None
+    if engine is not None and choice is not None:  # the weights the fast variant runs on this CPU (kernel_choice.py)
+        card["weights"] = choice.name
+        card["speculative"] = str(engine.config.speculative or "off")
+    return card
 
 
 def _ft_card(m: FineTunedModel) -> dict:

@@ -1,0 +1,229 @@
+"""Which weight format the `-fast` engine runs on this CPU: measured at first start, then cached.
+
+The candidates follow the CPU's features (engine/cpu.py): int4 with bf16 activations where bf16 is
+native, int8 with dynamically quantized activations where an int8 GEMM backend exists (AVX2 and up,
+NEON), int4 with fp32 activations everywhere, and fp32 (the standard engine's weights) as the floor.
+Each is timed on the model's own linear shapes at the rows a fast decode step multiplies (1 for a
+plain step, k + 1 for a speculative verification) for a few milliseconds per shape; the fastest one
+whose teacher-forced output on a fixed text stays close to fp32 (top-1 agreement and perplexity
+ratio, `AccuracyBound`) wins. When fp32 is the fastest left, there is no faster format on this CPU:
+the fast variant then serves the standard weights with speculative decoding, and says so.
+
+The choice is stored as JSON under <cache dir>/kernels, keyed by the model, the CPU's feature key
+and torch's version, so later starts skip the measurement; the log line and /health carry it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mainspring.engine.cpu import CpuFeatures, detect
+
+log = logging.getLogger(__name__)
+
+FP32 = "fp32"
+CHOICE_FORMAT = "mainspring-kernel-choice/1"
+BUDGET_S = 0.02  # timing per (candidate, shape, rows); at least one call after a warm-up
+# A fixed English text (written for this purpose): the accuracy check's teacher-forced input.
+REFERENCE_TEXT = (
+    "The harbour town woke slowly. Fishing boats came back before sunrise, and the market opened when the "
+    "first crates of mackerel reached the quay. By eight o'clock the bakery had sold most of its bread, the "
+    "school bus had left for the valley, and the ferry to the island was loading cars. Tourists arrived later, "
+    "asking for maps, coffee and the way to the lighthouse, which is a forty minute walk along the cliffs. In "
+    "winter the town is quiet: the hotels close, the wind is strong, and most evenings the only lights on the "
+    "harbour are the ones on the boats that will go out again the next morning."
+)
+
+
+@dataclass(frozen=True)
+class AccuracyBound:
+    min_top1: float = 0.90  # share of positions whose most likely next token equals fp32's
+    max_ppl_ratio: float = 1.10  # perplexity on the text, against fp32's
+
+
+@dataclass
+class KernelChoice:
+    name: str  # a candidate: "int4-bf16" | "int8" | "int4-fp32" | "fp32"
+    reason: str
+    ms_per_step: dict[str, float] = field(default_factory=dict)  # measured linear time per candidate
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)  # checked candidates: top1, ppl_ratio
+    cpu: dict[str, object] = field(default_factory=dict)
+    from_cache: bool = False
+    measured_s: float = 0.0
+
+    @property
+    def quantization(self) -> str | None:
+        """The EngineConfig.quantization this choice runs (None: the standard fp32 weights)."""
+        return None if self.name == FP32 else self.name
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def candidates(features: CpuFeatures, int8_available: bool) -> list[str]:
+    """The formats worth timing on this CPU, fp32 last."""
+    out = []
+    if features.bf16:
+        out.append("int4-bf16")
+    if int8_available and features.int8_gemm:
+        out.append("int8")
+    out.append("int4-fp32")
+    return [*out, FP32]
+
+
+def linear_shapes(model: nn.Module) -> Counter[tuple[int, int]]:
+    """How many linears of each [out, in] shape one forward runs (the LM head included)."""
+    from mainspring.engine.quant import quantizable_linears
+
+    return Counter(tuple(m.weight.shape) for m in quantizable_linears(model).values())  # type: ignore[misc]
+
+
+def build_linear(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A linear of candidate `name` over `weight` (no bias), as the engine would build it."""
+    if name == FP32:
+        return lambda x: F.linear(x, weight)
+    if name == "int8":
+        from mainspring.engine.quant_int8 import Int8Linear
+
+        return Int8Linear(weight, None)
+    from mainspring.engine.quant import DEFAULT_GROUP_SIZE, Int4Linear, quantize_int4
+
+    dtype = torch.bfloat16 if name == "int4-bf16" else torch.float32
+    return Int4Linear(quantize_int4(weight, DEFAULT_GROUP_SIZE), None, dtype, dense_prefill=False)
+
+
+def _seconds_per_call(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, budget_s: float) -> float:
+    fn(x)  # warm-up: packing, first-touch of the weight
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn(x)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s:
+            return elapsed / calls
+
+
+@torch.inference_mode()
+def measure(names: Sequence[str], shapes: Counter[tuple[int, int]], rows: Sequence[int],
+            budget_s: float = BUDGET_S) -> dict[str, float]:
+    """Milliseconds of linear work per decode step for each candidate: every shape's time per call,
+    times how often a forward runs it, averaged over `rows`. Random weights: speed does not depend
+    on the values."""
+    gen = torch.Generator().manual_seed(0)
+    out = dict.fromkeys(names, 0.0)
+    for (n, k), count in shapes.items():
+        weight = torch.randn(n, k, generator=gen) * 0.02
+        xs = [torch.randn(r, k, generator=gen) for r in rows]
+        for name in names:
+            fn = build_linear(name, weight)
+            per = sum(_seconds_per_call(fn, x, budget_s) for x in xs) / len(xs)
+            out[name] += per * count * 1e3
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def pick(ms_per_step: dict[str, float], check: Callable[[str], dict[str, float]], bound: AccuracyBound,
+         ) -> tuple[str, str, dict[str, dict[str, float]]]:
+    """The fastest candidate that meets `bound` (checked lazily, fastest first), why, and what was
+    checked. fp32 needs no check: it is the reference."""
+    checked: dict[str, dict[str, float]] = {}
+    floor = ms_per_step.get(FP32)
+    for name in sorted(ms_per_step, key=ms_per_step.__getitem__):
+        if name == FP32:
+            why = (f"the formats faster than fp32 miss the accuracy bound ({', '.join(checked)})" if checked
+                   else "no quantized format is faster than fp32 on this CPU")
+            return FP32, why, checked
+        acc = checked[name] = check(name)
+        if acc["top1"] >= bound.min_top1 and acc["ppl_ratio"] <= bound.max_ppl_ratio:
+            gain = f", {floor / ms_per_step[name]:.2f}x fp32's linear time" if floor else ""
+            return name, f"fastest within the accuracy bound{gain}", checked
+    return FP32, "no candidate met the accuracy bound", checked
+
+
+def accuracy_check(loaded, threads: int, text: str = REFERENCE_TEXT, chunk: int = 6,
+                   ) -> Callable[[str], dict[str, float]]:
+    """check(name): top-1 agreement and perplexity ratio of candidate `name` against fp32, teacher-
+    forced over `text` in chunks of `chunk` rows (the decode kernels' sizes, not prefill's)."""
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.perplexity import perplexity
+
+    ids = loaded.tokenizer.encode(text)
+    ref_cache: dict[str, object] = {}
+
+    def score(quantization: str | None):
+        engine = LLMEngine(loaded, EngineConfig(quantization=quantization, kv_cache_mb=16, max_num_seqs=1,
+                                                threads=threads, enable_prefix_caching=False))
+        return perplexity(engine, ids, chunk=chunk)
+
+    def check(name: str) -> dict[str, float]:
+        if "ref" not in ref_cache:
+            ref_cache["ref"] = score(None)
+        ref = ref_cache["ref"]
+        got = score(name)
+        same = sum(a == b for a, b in zip(got.top1, ref.top1)) / max(1, len(ref.top1))  # type: ignore[attr-defined]
+        return {"top1": round(same, 4), "ppl_ratio": round(got.ppl() / ref.ppl(), 4)}  # type: ignore[attr-defined]
+
+    return check
+
+
+def choice_file(cache_dir: Path, loaded, features: CpuFeatures) -> Path:
+    from mainspring.engine.quant_cache import source_identity
+
+    source = source_identity(Path(loaded.path))[:12] if loaded.path else "nopath"
+    return Path(cache_dir) / "kernels" / f"{loaded.name}-{features.key}-{source}-torch{torch.__version__}.json"
+
+
+def load_choice(path: Path) -> KernelChoice | None:
+    try:
+        doc = json.loads(path.read_text())
+        if doc.pop("format", None) != CHOICE_FORMAT:
+            return None
+        return KernelChoice(**{**doc, "from_cache": True})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save_choice(path: Path, choice: KernelChoice) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"format": CHOICE_FORMAT, **choice.to_dict(), "from_cache": False}, f, indent=2)
+    os.replace(tmp, path)
+
+
+def choose_kernel(loaded, cache_dir: Path | None, *, threads: int, verify_rows: int,
+                  features: CpuFeatures | None = None, bound: AccuracyBound = AccuracyBound(),
+                  check: Callable[[str], dict[str, float]] | None = None) -> KernelChoice:
+    """The cached choice for this (model, CPU, torch), or a fresh measurement (then cached)."""
+    from mainspring.engine.model import CausalLM
+    from mainspring.engine.quant_int8 import available
+
+    features = features or detect()
+    path = choice_file(cache_dir, loaded, features) if cache_dir is not None else None
+    if path is not None and (cached := load_choice(path)) is not None:
+        return cached
+    start = time.perf_counter()
+    names = candidates(features, available())
+    meta = CausalLM.from_weights(loaded.config, loaded.state_dict)  # shapes only; shares the tensors
+    ms = measure(names, linear_shapes(meta), rows=(1, verify_rows))
+    del meta
+    name, reason, checked = pick(ms, check or accuracy_check(loaded, threads), bound)
+    choice = KernelChoice(name, reason, ms, checked, features.to_dict(), measured_s=round(time.perf_counter() - start, 2))
+    if path is not None:
+        try:
+            save_choice(path, choice)
+        except OSError as e:  # a read-only cache: the next start measures again
+            log.warning("kernel choice %s could not be written (%s)", path, e)
+    return choice

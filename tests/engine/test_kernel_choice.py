@@ -1,0 +1,155 @@
+"""The -fast engine's weight format per CPU: feature parsing and candidates on faked CPUs, the pick
+on faked timings and accuracies, the int8 kernel's numerics where this torch has it, the measurement
+on real kernels and the cache keyed by CPU features (a tiny random model: no CPU-specific result)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mainspring.engine import kernel_choice as kc
+from mainspring.engine.cpu import CpuFeatures, parse_cpuinfo
+from mainspring.engine.quant_int8 import Int8Linear, available
+
+EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13 64-Core Processor
+flags\t\t: fpu vme sse sse2 ssse3 fma sse4_1 avx f16c avx2 bmi2 sha_ni
+"""
+SAPPHIRE = """model name\t: Intel(R) Xeon(R) Platinum 8481C
+flags\t\t: fpu avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8
+"""
+GRAVITON = """processor\t: 0
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics asimddp sve i8mm bf16 svebf16
+CPU implementer\t: 0x41
+"""
+OLD_X86 = "model name\t: Intel(R) Core(TM)2 Duo\nflags\t\t: fpu sse sse2 ssse3\n"
+
+
+def test_cpuinfo_parsing_keeps_the_features_a_choice_depends_on():
+    epyc = parse_cpuinfo(EPYC, "x86_64", "AVX2")
+    assert epyc.flags == {"avx2", "fma", "f16c"} and epyc.model.startswith("AMD EPYC")
+    assert not epyc.bf16 and epyc.int8_gemm and epyc.x86 and not epyc.arm
+    spr = parse_cpuinfo(SAPPHIRE, "x86_64", "AVX512")
+    assert spr.bf16 and spr.int8_gemm and "amx_bf16" in spr.flags
+    arm = parse_cpuinfo(GRAVITON, "aarch64")
+    assert arm.arm and arm.bf16 and arm.int8_gemm and arm.flags == {"asimd", "asimddp", "sve", "i8mm", "bf16",
+                                                                     "svebf16"}
+    old = parse_cpuinfo(OLD_X86, "x86_64")
+    assert not old.flags and not old.int8_gemm
+    # the key follows the relevant features only: another AVX2 model, same key; AVX-512, another
+    other = parse_cpuinfo(EPYC.replace("7B13", "9654").replace("sha_ni", "sha_ni rdrand"), "x86_64", "AVX2")
+    assert other.key == epyc.key != spr.key and len({epyc.key, spr.key, arm.key, old.key}) == 4
+
+
+@pytest.mark.parametrize("cpu, arch, int8, want", [
+    (SAPPHIRE, "x86_64", True, ["int4-bf16", "int8", "int4-fp32", "fp32"]),
+    (EPYC, "x86_64", True, ["int8", "int4-fp32", "fp32"]),
+    (EPYC, "x86_64", False, ["int4-fp32", "fp32"]),  # a torch without the quantized engine
+    (GRAVITON, "aarch64", True, ["int4-bf16", "int8", "int4-fp32", "fp32"]),
+    (OLD_X86, "x86_64", True, ["int4-fp32", "fp32"]),
+])
+def test_candidates_follow_the_cpu(cpu, arch, int8, want):
+    assert kc.candidates(parse_cpuinfo(cpu, arch), int8) == want
+
+
+def fixed(table):
+    calls = []
+
+    def check(name):
+        calls.append(name)
+        return table[name]
+    return check, calls
+
+
+GOOD, BAD = {"top1": 0.97, "ppl_ratio": 1.01}, {"top1": 0.6, "ppl_ratio": 1.4}
+
+
+def test_the_fastest_format_within_the_bound_wins_and_slower_ones_are_not_checked():
+    check, calls = fixed({"int8": GOOD, "int4-bf16": GOOD})
+    name, why, checked = kc.pick({"int4-bf16": 2.0, "int8": 1.0, "fp32": 5.0, "int4-fp32": 40.0}, check,
+                                 kc.AccuracyBound())
+    assert name == "int8" and calls == ["int8"] and "5.00x fp32" in why and checked == {"int8": GOOD}
+
+
+def test_a_faster_format_that_misses_the_bound_gives_way():
+    check, calls = fixed({"int8": BAD, "int4-bf16": GOOD})
+    name, _, checked = kc.pick({"int4-bf16": 2.0, "int8": 1.0, "fp32": 5.0}, check, kc.AccuracyBound())
+    assert name == "int4-bf16" and calls == ["int8", "int4-bf16"] and checked["int8"] == BAD
+
+
+def test_fp32_when_nothing_faster_passes_or_nothing_is_faster():
+    check, calls = fixed({"int8": BAD})
+    name, why, _ = kc.pick({"int8": 1.0, "fp32": 5.0, "int4-fp32": 40.0}, check, kc.AccuracyBound())
+    assert name == "fp32" and "miss the accuracy bound (int8)" in why and calls == ["int8"]
+    check, calls = fixed({})
+    name, why, _ = kc.pick({"int8": 7.0, "fp32": 5.0}, check, kc.AccuracyBound())
+    assert name == "fp32" and "no quantized format is faster" in why and calls == []  # fp32 needs no check
+
+
+@pytest.mark.skipif(not available(), reason="this torch build has no quantized CPU engine")
+def test_int8_linear_numerics():
+    torch.manual_seed(0)
+    w, b, x = torch.randn(96, 64) * 0.05, torch.randn(96) * 0.1, torch.randn(3, 5, 64)
+    ref = F.linear(x, w, b)
+    got = Int8Linear(w, b)(x)
+    assert got.shape == ref.shape and got.dtype == x.dtype
+    assert ((got - ref).norm() / ref.norm()).item() < 3e-2  # 8-bit weights, 7-bit activations
+    assert Int8Linear(w, b)(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def tiny_loaded():
+    from tests.train.tiny import tiny_config, tiny_state
+
+    cfg = tiny_config(vocab=64, hidden=64, layers=1, heads=4, kv_heads=2)
+    return SimpleNamespace(name="tiny", path=None, config=cfg, state_dict=tiny_state(cfg))
+
+
+def test_measurement_times_every_candidate_on_the_models_shapes():
+    from mainspring.engine.model import CausalLM
+
+    loaded = tiny_loaded()
+    shapes = kc.linear_shapes(CausalLM.from_weights(loaded.config, loaded.state_dict))
+    assert sum(shapes.values()) == 5 and (64, 64) in shapes  # qkv, o, gate_up, down, lm_head (tied, 64x64)
+    names = ["int4-fp32", "fp32"] + (["int8"] if available() else [])
+    ms = kc.measure(names, shapes, rows=(1, 6), budget_s=0.001)
+    assert set(ms) == set(names) and all(v > 0 for v in ms.values())
+
+
+def test_the_choice_is_cached_per_cpu_features(tmp_path, monkeypatch):
+    monkeypatch.setattr(kc, "measure", lambda names, shapes, rows, budget_s=0: {n: float(i + 1) for i, n in
+                                                                                 enumerate(names)})
+    check, calls = fixed({"int8": GOOD, "int4-bf16": GOOD, "int4-fp32": GOOD})
+    epyc = parse_cpuinfo(EPYC, "x86_64", "AVX2")
+    first = kc.choose_kernel(tiny_loaded(), tmp_path, threads=1, verify_rows=6, features=epyc, check=check)
+    want = "int8" if available() else "int4-fp32"
+    assert first.name == want and not first.from_cache and first.cpu["key"] == epyc.key
+    again = kc.choose_kernel(tiny_loaded(), tmp_path, threads=1, verify_rows=6, features=epyc, check=check)
+    assert again.from_cache and again.name == want and again.ms_per_step == first.ms_per_step and len(calls) == 1
+    spr = kc.choose_kernel(tiny_loaded(), tmp_path, threads=1, verify_rows=6,
+                           features=parse_cpuinfo(SAPPHIRE, "x86_64", "AVX512"), check=check)
+    assert spr.name == "int4-bf16" and not spr.from_cache  # another CPU: measured again
+    assert len(list((tmp_path / "kernels").glob("*.json"))) == 2
+    (next((tmp_path / "kernels").glob("*.json"))).write_text("{not json")  # a broken cache: measured again
+    assert isinstance(kc.choose_kernel(tiny_loaded(), tmp_path, threads=1, verify_rows=6, features=epyc,
+                                       check=check), kc.KernelChoice)
+
+
+def test_a_pinned_or_unknown_fast_kernel_setting():
+    from mainspring.config import Settings
+    from mainspring.engine.fast_variant import fast_kernel
+
+    assert fast_kernel(Settings(fast_kernel="FP32"), tiny_loaded()).quantization is None
+    assert fast_kernel(Settings(fast_kernel="int4-bf16"), tiny_loaded()).quantization == "int4-bf16"
+    with pytest.raises(ValueError, match="MAINSPRING_FAST_KERNEL='int3'"):
+        fast_kernel(Settings(fast_kernel="int3"), tiny_loaded())
+
+
+def test_features_of_this_machine_are_consistent():
+    from mainspring.engine.cpu import detect
+
+    f = detect()
+    assert isinstance(f, CpuFeatures) and f.key and f.summary().startswith(f.arch)
