@@ -8,8 +8,8 @@ process (peak memory is its own), `--repeats` times; the table shows the median 
 tok/s = generated tokens / wall time of the call).
 
   plain      LLMEngine, fp32 weights
-  int4       int4 weight-only linears, no speculative decoding (what quantization alone gives)
-  fast       build_fast_engine(): int4 + speculative decoding (the `-fast` model)
+  int4       the -fast engine's weights (the format measured fastest on this CPU), no speculative decoding
+  fast       build_fast_engine(): those weights + speculative decoding (the `-fast` model)
   llama.cpp  llama-cpp-python on the embedded Q4_1 GGUF (if `llama_cpp` imports)
 
     python bench/fast_variant.py                      # all, 2 threads, 3 repeats
@@ -87,6 +87,9 @@ def child(name: str, threads: int, repeats: int, prompt: str) -> dict:
             extra["spec_acceptance"] = round(stats["spec_accepted_tokens"] / max(1, stats["spec_draft_tokens"]), 3)
         extra["speculative"] = dataclasses.asdict(engine.config.speculative) if engine.config.speculative else None
         extra["quantization"] = getattr(engine.config, "quantization", None)
+        choice = getattr(engine, "kernel_choice", None)
+        if choice is not None:  # what the per-CPU measurement picked, and why
+            extra["weights"], extra["weights_reason"] = choice.name, choice.reason
     return dict(engine=name, runs=[round(r, 1) for r in runs], rate=round(statistics.median(runs), 1),
                 tokens=tokens, peak_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), **extra)
 
