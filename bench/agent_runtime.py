@@ -126,7 +126,8 @@ def main() -> None:
                    "overhead_ms_per_step": round(per - bare_per, 2)},
         "concurrent": {"runs": args.runs, "steps_per_run": args.run_steps + 1, "steps": total,
                        "seconds": round(many, 2), "steps_per_s": round(total / many, 1)},
-        "loadavg_1m": round(os.getloadavg()[0], 2), "command": "python bench/agent_runtime.py " + " ".join(sys.argv[1:]),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "command": "python bench/agent_runtime.py " + " ".join(sys.argv[1:]),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

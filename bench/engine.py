@@ -185,7 +185,8 @@ def main() -> None:
 
 def markdown(report: dict) -> str:
     by = {(r["engine"], r["workload"]): r for r in report["results"]}
-    lines = ["| workload | metric | Mainspring | transformers | llama.cpp | vs transformers | vs llama.cpp | peak MB (ours / hf / llama.cpp) |",
+    lines = ["| workload | metric | Mainspring | transformers | llama.cpp | vs transformers | vs llama.cpp "
+             "| peak MB (ours / hf / llama.cpp) |",
              "|---|---|---|---|---|---|---|---|"]
     for w, meta in WORKLOADS.items():
         rows = [by.get((e, w)) for e in ENGINES]

@@ -173,20 +173,26 @@ def markdown(report: dict) -> str:
     r = report["result"]
     ours, peer = r["dedupe"]["ours"], r["dedupe"]["exact_hash"]
     sec = r["seconds"]
-    rates = " · ".join(f"{k}: {v['ours']:.2f} vs {v['exact_hash']:.2f}" for k, v in r["dedupe"]["recall_by_edit_rate"].items())
+    rates = " · ".join(f"{k}: {v['ours']:.2f} vs {v['exact_hash']:.2f}"
+                       for k, v in r["dedupe"]["recall_by_edit_rate"].items())
     return "\n".join([
         "| measure | `mainspring inspect` (MinHash LSH + checks) | exact-hash dedupe | ratio |", "|---|---|---|---|",
-        f"| time, {r['items']:,} items: duplicates + leakage | {sec['total']} s ({sec['duplicates']} + {sec['leakage']}) | "
+        f"| time, {r['items']:,} items: duplicates + leakage | "
+        f"{sec['total']} s ({sec['duplicates']} + {sec['leakage']}) | "
         f"{sec['exact_hash']} s (duplicates only) | {sec['total'] / max(sec['exact_hash'], 1e-6):.0f}× slower |",
-        f"| duplicate recall ({ours['planted']} planted copies, edited or exact) | {ours['recall']:.3f} | {peer['recall']:.3f} | "
+        f"| duplicate recall ({ours['planted']} planted copies, edited or exact) | "
+        f"{ours['recall']:.3f} | {peer['recall']:.3f} | "
         f"{ours['recall'] / peer['recall'] if peer['recall'] else float('inf'):.1f}× |",
         f"| duplicate precision | {ours['precision']:.3f} | {peer['precision']:.3f} | — |",
-        f"| leak recall ({r['leak']['ours']['planted']} edited eval copies in train) | {r['leak']['ours']['recall']:.3f} | "
+        f"| leak recall ({r['leak']['ours']['planted']} edited eval copies in train) | "
+        f"{r['leak']['ours']['recall']:.3f} | "
         f"{r['leak']['exact_hash']['recall']:.3f} | — |",
         *([f"| difficulty calibration, `{c['domain']}`: G={c['samples']} completions of the embedded model + scoring "
-            f"| {c['per_item_s']} s per item ({c['items']} items, {c['seconds']} s; model load {c['load_s']} s) | — | — |"]
+            f"| {c['per_item_s']} s per item ({c['items']} items, {c['seconds']} s; "
+            f"model load {c['load_s']} s) | — | — |"]
           if (c := report.get("calibration")) else []),
-        f"\nRecall by per-word edit rate (ours vs exact hash): {rates}. Generated Zipf-vocabulary prompts of 12-40 words; "
+        f"\nRecall by per-word edit rate (ours vs exact hash): {rates}. "
+        "Generated Zipf-vocabulary prompts of 12-40 words; "
         f"embeddings {'on' if r['embeddings'] else 'off'}. {report['cpu']}, {report['cores']} cores, load average "
         f"{report['loadavg_1m']}; `{report['command']}`"])
 
@@ -205,7 +211,8 @@ def main() -> None:
         write_table("inspect", args.out, markdown)
         return
     report = {"result": run(args.items, args.seed, args.embeddings), "cpu": cpu_model(), "cores": os.cpu_count(),
-              "loadavg_1m": round(os.getloadavg()[0], 2), "command": "python bench/inspection.py " + " ".join(sys.argv[1:])}
+              "loadavg_1m": round(os.getloadavg()[0], 2),
+              "command": "python bench/inspection.py " + " ".join(sys.argv[1:])}
     if args.calibration_items > 0:
         report["calibration"] = calibration(args.calibration_items, args.samples)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

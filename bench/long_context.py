@@ -85,7 +85,8 @@ def section_decode(engine, lengths: list[int], window: int, steps: int) -> dict:
         row = {"context": n}
         for name, policy in (("dense", None), ("sparse", KVPolicy(window=window, sink_tokens=4))):
             ids = torch.randint(100, 40000, (n,), generator=g).tolist()
-            seq = Sequence(f"decode-{n}-{name}", ids, SamplingParams(), kv_policy=policy, cache_salt=f"bench-{n}-{name}")
+            seq = Sequence(f"decode-{n}-{name}", ids, SamplingParams(), kv_policy=policy,
+                           cache_salt=f"bench-{n}-{name}")
             bm.allocate(seq)
             seq.num_computed_tokens = n - 1  # "prefilled": the KV of tokens < n-1 is in the cache
             runner.apply_kv_policy([seq], bm)
@@ -181,10 +182,12 @@ def markdown(r: dict) -> str:
         q = r["kvquant"]
         lines += [f"Cold KV tier ({q['tokens']:,} tokens, last {q['hot_tokens']} fp32, older blocks quantized; keys "
                   "per channel, values per token, group 32):", "",
-                  "| KV | bytes/token (cold) | vs fp32 | KV MB at the end | perplexity | change |", "|---|---|---|---|---|---|"]
+                  "| KV | bytes/token (cold) | vs fp32 | KV MB at the end | perplexity | change |",
+                  "|---|---|---|---|---|---|"]
         for row in q["rows"]:
             lines.append(f"| {row['kv']} | {row['cold_bytes_per_token']:,.0f} | {row['cold_ratio']}× | "
-                         f"{row['kv_mb_at_end']} ({row['effective_ratio']}×) | {row['ppl']} | {row['ppl_change_pct']:+.2f}% |")
+                         f"{row['kv_mb_at_end']} ({row['effective_ratio']}×) | "
+                         f"{row['ppl']} | {row['ppl_change_pct']:+.2f}% |")
         lines.append("")
     if "speed" in r:
         s = r["speed"]
@@ -192,17 +195,21 @@ def markdown(r: dict) -> str:
             for t in s["speculative"]["results"]:
                 b = t["best"]
                 lines.append(f"Speculative, {t['title']}: plain {b['plain']['decode_tok_s']:.1f} tok/s, n-gram "
-                             f"{b['ngram']['decode_tok_s']:.1f} ({b['ngram']['decode_tok_s'] / b['plain']['decode_tok_s']:.2f}×), "
+                             f"{b['ngram']['decode_tok_s']:.1f} "
+                             f"({b['ngram']['decode_tok_s'] / b['plain']['decode_tok_s']:.2f}×), "
                              "identical greedy output.")
         if "fast_variant" in s:
             by = {x["engine"]: x for x in s["fast_variant"]["results"]}
             if {"plain", "fast"} <= set(by):
                 llama = by.get("llama.cpp")
-                lines.append(f"-fast single-stream decode: {by['fast']['rate']:.1f} tok/s vs plain {by['plain']['rate']:.1f} "
+                lines.append(f"-fast single-stream decode: {by['fast']['rate']:.1f} tok/s "
+                             f"vs plain {by['plain']['rate']:.1f} "
                              f"({by['fast']['rate'] / by['plain']['rate']:.2f}×)"
-                             + (f" vs llama.cpp {llama['rate']:.1f} ({by['fast']['rate'] / llama['rate']:.2f}×)." if llama else "."))
-        lines.append(f"(speed rows from bench/speculative.py and bench/fast_variant.py, "
-                     f"{'reused from ' + s.get('speculative', {}).get('measured', '?') if any(v.get('reused') for v in s.values()) else 'run now'})")
+                             + (f" vs llama.cpp {llama['rate']:.1f} ({by['fast']['rate'] / llama['rate']:.2f}×)."
+                                if llama else "."))
+        lines.append("(speed rows from bench/speculative.py and bench/fast_variant.py, "
+                     + ("reused from " + s.get("speculative", {}).get("measured", "?")
+                        if any(v.get("reused") for v in s.values()) else "run now") + ")")
     lines.append(f"\n{r['threads']} threads, load average {r['loadavg_start']} → {r['loadavg_end']}; `{r['command']}`")
     return "\n".join(lines)
 
@@ -261,7 +268,8 @@ def main() -> None:
             report["decode"] = section_decode(engine, lengths, args.window, args.steps)
         del engine
     if "kvquant" in sections:
-        report["kvquant"] = section_kvquant(loaded, long_text(loaded.tokenizer, args.quant_tokens), args.hot, args.threads)
+        report["kvquant"] = section_kvquant(loaded, long_text(loaded.tokenizer, args.quant_tokens),
+                                            args.hot, args.threads)
     if "speed" in sections and args.peers != "skip":
         report["speed"] = section_speed(args.peers, args.threads)
     report["loadavg_end"] = round(os.getloadavg()[0], 2)

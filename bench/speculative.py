@@ -158,7 +158,8 @@ def main() -> None:
         results.append(dict(
             task=task, title=t["title"], prompt_tokens=len(prompt), output_tokens=best[next(iter(best))]["tokens"],
             identical=True, sample=tok.decode(reference[:60]) if reference else "",
-            runs={name: [{k: v for k, v in r.items() if k != "token_ids"} for r in rows] for name, rows in runs.items()},
+            runs={name: [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]
+                  for name, rows in runs.items()},
             best={name: {k: v for k, v in r.items() if k != "token_ids"} for name, r in best.items()},
         ))
     report = dict(threads=args.threads, repeats=args.repeats, loadavg_1m_start=round(load_start, 2),
@@ -172,7 +173,8 @@ def main() -> None:
 
 def markdown(report: dict) -> str:
     names = list(report["configs"])
-    head = "| task | prompt / output tokens | " + " | ".join(f"{n} tok/s" for n in names) + " | acceptance (ngram / draft) |"
+    head = ("| task | prompt / output tokens | " + " | ".join(f"{n} tok/s" for n in names)
+            + " | acceptance (ngram / draft) |")
     lines = [head, "|" + "---|" * (len(names) + 3)]
     for r in report["results"]:
         b = r["best"]

@@ -130,7 +130,8 @@ def child_trl(w: dict, out: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(str(hf_dir))
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Timer()],
-                          peft_config=LoraConfig(r=w["lora_r"], lora_alpha=w["lora_alpha"], target_modules="all-linear"))
+                          peft_config=LoraConfig(r=w["lora_r"], lora_alpha=w["lora_alpha"],
+                                                 target_modules="all-linear"))
     trainer.train()
     measured = times[1:]
     return {"step_s": [t[0] for t in measured], "rollout_s": [t[1] for t in measured],

@@ -233,10 +233,12 @@ def _register_subcommands() -> None:
     app.command("sim", help="replay a trace under prompt-cache policies: cost by scenario, advice")(sim)
     app.add_typer(sandbox_app, name="sandbox", help="run untrusted code isolated: run, check, profiles")
     app.command("run", help="run an agent on a goal, showing its steps live")(run_cmd)
-    app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, resume, budget")
+    app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, "
+                                              "resume, budget")
     app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
-    app.command("perplexity", help="perplexity of a text file under a KV policy (window, sinks, cold tier)")(perplexity_cmd)
+    app.command("perplexity", help="perplexity of a text file under a KV policy "
+                                   "(window, sinks, cold tier)")(perplexity_cmd)
     app.command("train", help="RL post-training (GRPO) across domains: evaluate, gate, export, report")(train_cmd)
     app.command("inspect", help="inspect training domains: verifier, reward hacking, duplicates, leaks, "
                                 "difficulty; exit 1 on an error finding")(inspect_cmd)

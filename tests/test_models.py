@@ -236,7 +236,8 @@ def test_local_chat_and_stream(local):
     assert out.usage.prompt_tokens > 5 and 0 < out.usage.completion_tokens <= 24
     chunks = run(collect(local.stream(PARIS, max_tokens=24, temperature=0)))
     assert "".join(c.delta_text for c in chunks) == out.text
-    assert chunks[-1].finish_reason == out.finish_reason and chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+    assert (chunks[-1].finish_reason == out.finish_reason
+            and chunks[-1].usage.completion_tokens == out.usage.completion_tokens)
     assert chunks[-1].usage.cached_tokens > 0  # the same prompt again: its full blocks come from the prefix cache
 
 

@@ -124,7 +124,8 @@ class InterruptRow(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
     tool_call_id: Mapped[str | None] = mapped_column(ForeignKey("tool_calls.id"), nullable=True)
     kind: Mapped[str] = mapped_column(String(24))  # approval | in_flight (a non-idempotent call cut by a crash)
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | approved | rejected | edited | expired
+    # pending | approved | rejected | edited | expired
+    status: Mapped[str] = mapped_column(String(16), default="pending")
     arguments_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # edited arguments
     actor: Mapped[str | None] = mapped_column(String(128), nullable=True)
     comment: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                     429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
-_OPENAI_TYPES = {401: "authentication_error", 402: "insufficient_quota", 403: "permission_error", 429: "rate_limit_error",
-                 500: "server_error", 503: "server_error"}
+_OPENAI_TYPES = {401: "authentication_error", 402: "insufficient_quota", 403: "permission_error",
+                 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 _PARAM_IN_MESSAGE = re.compile(r"invalid sampling parameter (\w+)=")
 BUSY_RETRY_AFTER_S = 2
 

@@ -151,7 +151,8 @@ class UsageOut(BaseModel):
     @classmethod
     def of(cls, u: Usage) -> UsageOut:
         return cls(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                   total_tokens=u.total_tokens, prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens))
+                   total_tokens=u.total_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens))
 
 
 class FunctionCallOut(BaseModel):

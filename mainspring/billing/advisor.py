@@ -28,8 +28,9 @@ from mainspring.billing.simulator import BATCH_SLO_S, Simulation, ordered, simul
 from mainspring.billing.trace import STABLE_KINDS, Segment, TraceRequest, content_hash
 
 _RANK = {"tools": 0, "system": 1, "document": 2}  # everything else keeps its order, after these
-EXTENDED: dict[str, dict[str, object]] = {"automatic_prefix": {"ttl_s": 86_400.0}, "explicit_breakpoints": {"retention": "1h"},
-            "disk_units": {"ttl_s": 86_400.0}}
+EXTENDED: dict[str, dict[str, object]] = {"automatic_prefix": {"ttl_s": 86_400.0},
+                                          "explicit_breakpoints": {"retention": "1h"},
+                                          "disk_units": {"ttl_s": 86_400.0}}
 
 
 @dataclass

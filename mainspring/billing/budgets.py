@@ -9,7 +9,8 @@ reserve through `metering.Meter`, which keeps their holds alive while they run a
 earlier process's holds at server start (billing/holds.py).
 
 Call pattern (see also the report in the API issue):
-    with session() as s: res = reserve(s, rid, key, sheet=..., model=..., tier=..., input_tokens=..., max_output_tokens=...)
+    with session() as s: res = reserve(s, rid, key, sheet=..., model=..., tier=...,
+                                       input_tokens=..., max_output_tokens=...)
     ... run the request ...
     with session() as s: ledger.record(s, rid, key, usage, cost, status); settle(s, res, cost.total_u)
 """

@@ -76,7 +76,8 @@ def perplexity_cmd(
             fail(f"the text has {len(ids)} tokens, more than the model's context ({engine.max_model_len}); "
                   "give --window to go past it, or --tokens to score less")
         name = "dense fp32" if policy is None else ", ".join(
-            p for p in (f"window {window} + {sinks} sinks" if window else "", f"hot {hot}, int{bits} cold" if hot else "") if p)
+            p for p in (f"window {window} + {sinks} sinks" if window else "",
+                        f"hot {hot}, int{bits} cold" if hot else "") if p)
         runs.append((name, policy, ids))
         rows: list[ScoredRun] = []
         for name, pol, part in runs:

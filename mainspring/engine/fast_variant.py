@@ -47,7 +47,8 @@ def fast_engine_config(settings: Settings | None = None, quantization: str | Non
     weights) and speculative decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty;
     "off" turns it off)."""
     s = settings or get_settings()
-    return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization, speculative=fast_speculative(s))
+    return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization,
+                               speculative=fast_speculative(s))
 
 
 def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:

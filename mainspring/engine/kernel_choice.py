@@ -220,7 +220,8 @@ def choose_kernel(loaded, cache_dir: Path | None, *, threads: int, verify_rows: 
     ms = measure(names, linear_shapes(meta), rows=(1, verify_rows))
     del meta
     name, reason, checked = pick(ms, check or accuracy_check(loaded, threads), bound)
-    choice = KernelChoice(name, reason, ms, checked, features.to_dict(), measured_s=round(time.perf_counter() - start, 2))
+    choice = KernelChoice(name, reason, ms, checked, features.to_dict(),
+                          measured_s=round(time.perf_counter() - start, 2))
     if path is not None:
         try:
             save_choice(path, choice)

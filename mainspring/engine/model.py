@@ -22,7 +22,8 @@ class Attention(nn.Module):
         self.h, self.kvh, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=cfg.attention_bias)
         # Llama's attention_bias also covers o_proj; Qwen2 biases q/k/v only
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=cfg.attention_bias and cfg.architecture != "qwen2")
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size,
+                                bias=cfg.attention_bias and cfg.architecture != "qwen2")
         self.scale = self.d**-0.5
 
     def forward(self, x, positions, rope: RotaryEmbedding, kv: tuple[torch.Tensor, torch.Tensor], meta):

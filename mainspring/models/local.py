@@ -44,7 +44,8 @@ class LocalModel(ChatModel):
                  stop: list[str] | str | None) -> tuple[str, SamplingParams, list[ToolSpec], ToolChoice]:
         specs = openai_tools(tools)
         choice = openai_tool_choice(tool_choice, specs)
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed, stop=[stop] if isinstance(stop, str) else stop or [],
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
+                                stop=[stop] if isinstance(stop, str) else stop or [],
                                 **_constraint(specs, choice, response_format))
         prompt = render_prompt(self.engine.tokenizer, openai_messages(messages), specs, choice)
         return prompt, params, specs, choice

@@ -15,7 +15,8 @@ SANDBOX_UID = 1000
 # host /etc files a job may see (all harmless); passwd, group, hosts and nsswitch.conf are our own
 HOST_ETC = ("ld.so.cache", "alternatives", "localtime", "mime.types")
 ETC_FILES = {
-    "passwd": f"root:x:0:0:root:/:/usr/sbin/nologin\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{WORKSPACE}:/bin/sh\n"
+    "passwd": "root:x:0:0:root:/:/usr/sbin/nologin\n"
+              f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{WORKSPACE}:/bin/sh\n"
               "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
     "hosts": "127.0.0.1 localhost\n::1 localhost\n",

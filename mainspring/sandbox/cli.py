@@ -102,7 +102,8 @@ def check() -> None:
 
     host = Host.detect(get_settings().sandbox_bwrap)
     table = Table("layer", "status", show_header=True)
-    table.add_row("bubblewrap", f"{host.bwrap} {'.'.join(map(str, host.bwrap_version))}" if host.bwrap else "[red]missing")
+    table.add_row("bubblewrap",
+                  f"{host.bwrap} {'.'.join(map(str, host.bwrap_version))}" if host.bwrap else "[red]missing")
     table.add_row("per-slot uid", "yes (root launcher)" if host.is_root else "no (not root)")
     table.add_row("cgroups", host.cgroups.describe())
     table.add_row("seccomp", host.seccomp_error or "deny-list ready")

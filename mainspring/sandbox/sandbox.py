@@ -142,7 +142,8 @@ class Sandbox:
         if not self._prepared:
             self.prepare()
         if prof.runtime and self.runtime.problem and not self.insecure:
-            raise SandboxUnavailable(f"profile {prof.name!r} needs the project's Python runtime: {self.runtime.problem}")
+            raise SandboxUnavailable(f"profile {prof.name!r} needs the project's Python runtime: "
+                                     f"{self.runtime.problem}")
         data = stdin.encode() if isinstance(stdin, str) else stdin
         slot, lock_fd = self._acquire_slot()
         try:

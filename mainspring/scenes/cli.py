@@ -93,12 +93,14 @@ def render_cmd(path: Path = SceneFile,
     if ids is not None:
         _write(ids, frame.ids_png())
     visible = sum(1 for n in frame.pixel_counts().values() if n > 0)
-    typer.echo(f"wrote {out} ({frame.ids.shape[1]}x{frame.ids.shape[0]}, {visible}/{len(frame.object_ids)} objects visible)")
+    typer.echo(f"wrote {out} ({frame.ids.shape[1]}x{frame.ids.shape[0]}, "
+               f"{visible}/{len(frame.object_ids)} objects visible)")
 
 
 @app.command("export")
 def export_cmd(path: Path = SceneFile,
-               out: Optional[Path] = typer.Option(None, "--out", "-o", help=".glb to write (default: FILE.glb)")) -> None:
+               out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                                  help=".glb to write (default: FILE.glb)")) -> None:
     """Export to glTF 2.0 binary (.glb) with lights, camera and the source in node extras."""
     from mainspring.scenes.gltf_export import to_glb
 
@@ -129,7 +131,8 @@ def import_cmd(path: Path = typer.Argument(..., help="a .glb written by `mainspr
 
 
 @app.command("schema")
-def schema_cmd(decoding: bool = typer.Option(False, "--decoding", help="the narrowed schema used for generation")) -> None:
+def schema_cmd(decoding: bool = typer.Option(False, "--decoding",
+                                             help="the narrowed schema used for generation")) -> None:
     """Print the scene/0.1 JSON Schema (draft 2020-12)."""
     from mainspring.scenes.schema import decoding_schema, scene_json_schema
 

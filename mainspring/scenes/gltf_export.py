@@ -69,7 +69,8 @@ def _complete(tree: dict, scene: Scene, doc: dict) -> None:
         node["extras"] = {EXTRAS_KEY: doc["objects"][i], "index": i}
         key = obj.material if isinstance(obj.material, str) else f"{obj.id}/material"
         if key not in material_index:
-            source = scene.materials[obj.material] if isinstance(obj.material, str) else obj.material or DEFAULT_MATERIAL
+            source = (scene.materials[obj.material] if isinstance(obj.material, str)
+                      else obj.material or DEFAULT_MATERIAL)
             name = obj.material if isinstance(obj.material, str) else f"{obj.id}_material"
             two_sided = obj.shape == "plane" or key in planes  # a plane is seen from both sides
             material_index[key] = len(materials)
@@ -81,7 +82,8 @@ def _complete(tree: dict, scene: Scene, doc: dict) -> None:
 
     cam = scene.camera
     roots.append(len(nodes))
-    nodes.append({"name": "camera", "camera": 0, **_trs(cam.position, look_at_rotation(cam.position, cam.look_at, cam.up)),
+    nodes.append({"name": "camera", "camera": 0,
+                  **_trs(cam.position, look_at_rotation(cam.position, cam.look_at, cam.up)),
                   "extras": {EXTRAS_KEY: doc["camera"]}})
     tree["cameras"] = [{"type": "perspective", "name": "camera", "perspective": {
         "yfov": math.radians(cam.yfov_deg), "aspectRatio": cam.aspect, "znear": cam.znear, "zfar": cam.zfar}}]

@@ -65,7 +65,8 @@ def decoding_schema(object_ids: list[str] | None = None, max_objects: int = 8,
         d = defs[name]
         d.pop("anyOf")  # only quaternions could break the one-rotation rule, and they are gone
         d["properties"] = {k: v for k, v in d["properties"].items() if k in _DECODED_OBJECT_FIELDS}
-        d["properties"]["material"] = {"type": "object", "properties": {"color": defs["Material"]["properties"]["color"]},
+        d["properties"]["material"] = {"type": "object",
+                                       "properties": {"color": defs["Material"]["properties"]["color"]},
                                        "required": ["color"], "additionalProperties": False}
     cam = defs["Camera"]
     cam["properties"] = {k: v for k, v in cam["properties"].items() if k in _DECODED_CAMERA_FIELDS}

@@ -25,7 +25,8 @@ _MESSAGES = {
 }
 
 
-def parse_scene(source: str | bytes | dict[str, Any], base_dir: Path | None = None) -> tuple[Scene | None, list[Violation]]:
+def parse_scene(source: str | bytes | dict[str, Any],
+                base_dir: Path | None = None) -> tuple[Scene | None, list[Violation]]:
     """(the scene, []) if valid, else (None, every violation found). `base_dir` is where mesh
     assets are looked up (the scene file's folder); without it assets are not checked."""
     if isinstance(source, (str, bytes)):

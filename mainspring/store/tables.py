@@ -188,7 +188,8 @@ class FineTuningJobRow(Base):
     suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
     seed: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(24), default="queued", index=True)
-    method_json: Mapped[str] = mapped_column(Text)  # {"type": "reinforcement", "reinforcement": {grader, hyperparameters}}
+    # {"type": "reinforcement", "reinforcement": {grader, hyperparameters}}
+    method_json: Mapped[str] = mapped_column(Text)
     config_json: Mapped[str] = mapped_column(Text)  # the TrainConfig the runner runs (the same one on every resume)
     metadata_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     fine_tuned_model: Mapped[str | None] = mapped_column(String(255), nullable=True, unique=True)

@@ -23,5 +23,6 @@ from mainspring.tool_calls.render import render_prompt, template_handles_tools, 
 from mainspring.tool_calls.schema import call_schema, guided_decoding
 
 __all__ = ["ParsedCall", "ToolCallStream", "ToolChoice", "ToolSpec", "anthropic_tool_choice", "call_items",
-           "call_schema", "cut_call", "finish_reason", "guided_decoding", "new_call_id", "openai_messages", "openai_tool_choice", "openai_tools",
+           "call_schema", "cut_call", "finish_reason", "guided_decoding", "new_call_id", "openai_messages",
+           "openai_tool_choice", "openai_tools",
            "parse_answer", "parse_tool_calls", "render_prompt", "template_handles_tools", "template_messages"]

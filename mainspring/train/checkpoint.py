@@ -35,7 +35,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / "meta.json").is_file())
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and p.name.startswith("step-") and (p / "meta.json").is_file())
 
 
 def rng_state() -> dict:

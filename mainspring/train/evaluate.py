@@ -61,7 +61,8 @@ def eval_samples(domain: Domain, limit: int | None) -> list[Sample]:
     return domain.eval[:limit] if limit else list(domain.eval)
 
 
-def evaluate(engine, domains: dict[str, Domain], limit: int | None = None) -> tuple[dict[str, DomainEval], RolloutStats]:
+def evaluate(engine, domains: dict[str, Domain],
+             limit: int | None = None) -> tuple[dict[str, DomainEval], RolloutStats]:
     """Greedy completions of every domain's held-out prompts, scored by the domain."""
     samples = [s for d in domains.values() for s in eval_samples(d, limit)]
     groups, stats = generate_groups(engine, samples, domains, 1, seed=0, step=0, greedy=True)
@@ -96,7 +97,8 @@ def compare(before: dict[str, DomainEval], after: dict[str, DomainEval], seed: i
         x = torch.tensor([b.scores[i] for i in ids], dtype=torch.float64)
         y = torch.tensor([a.scores[i] for i in ids], dtype=torch.float64)
         d = y - x
-        out[name] = Change(name, float(x.mean()), float(y.mean()), float(d.mean()), bootstrap_ci(d, seed=seed), len(ids))
+        out[name] = Change(name, float(x.mean()), float(y.mean()), float(d.mean()), bootstrap_ci(d, seed=seed),
+                           len(ids))
     return out
 
 

@@ -52,7 +52,8 @@ def export_model(policy: Policy, base: LoadedModel, out_dir: Path, meta: dict) -
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in Path(base.path).iterdir():
-        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".lock", "mainspring_source.json")):
+        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".lock",
+                                                "mainspring_source.json")):
             shutil.copy2(f, tmp / f.name)
     _write_config(tmp / "config.json", policy.config)
     weights = dict(base.state_dict)  # untouched tensors (norms, embeddings under LoRA) come from the base

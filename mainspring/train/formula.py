@@ -20,8 +20,9 @@ FUNCTIONS: dict[str, tuple[Callable[..., float], int, int]] = {  # name -> (func
     "min": (min, 2, 32), "max": (max, 2, 32), "abs": (abs, 1, 1), "floor": (math.floor, 1, 1),
     "ceil": (math.ceil, 1, 1), "exp": (math.exp, 1, 1), "sqrt": (math.sqrt, 1, 1), "log": (math.log, 1, 2),
 }
-_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.Pow: operator.pow}
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {ast.Add: operator.add, ast.Sub: operator.sub,
+                                                                      ast.Mult: operator.mul, ast.Div: operator.truediv,
+                                                                      ast.Pow: operator.pow}
 _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 

@@ -197,7 +197,8 @@ class FineTuningRunner:
             return
         export = result.export_dir or events.exported
         if export is None or not Path(export).is_dir():
-            reason = "the evaluation gate refused the export" if result.gate_passed is False else "no model was exported"
+            reason = ("the evaluation gate refused the export" if result.gate_passed is False
+                      else "no model was exported")
             job_store.fail(self.db, job_id, "export_refused", f"{reason} (after {result.steps_done} steps); "
                            "see the job's events for the evaluation")
             return

@@ -59,7 +59,8 @@ def plot(run_dir: Path) -> list[Path]:
         x = range(len(names))
         for off, data, label in ((-0.2, before, "before"), (0.2, after, "after")):
             means = [data[n]["mean"] for n in names]
-            err = [[m - data[n]["ci"][0] for n, m in zip(names, means)], [data[n]["ci"][1] - m for n, m in zip(names, means)]]
+            err = [[m - data[n]["ci"][0] for n, m in zip(names, means)],
+                   [data[n]["ci"][1] - m for n, m in zip(names, means)]]
             ax.bar([i + off for i in x], means, 0.4, yerr=err, capsize=3, label=label)
         ax.set_xticks(list(x), names)
         ax.set(ylabel="held-out score (greedy)", title="Eval before / after (95% CI)", ylim=(0, 1.05))

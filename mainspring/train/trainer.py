@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from mainspring.config import Settings, get_settings
-from mainspring.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, set_rng_state
+from mainspring.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint,
+                                         set_rng_state)
 from mainspring.train.config import TrainConfig
 from mainspring.train.domains.base import Domain
 from mainspring.train.events import OnEvent, ShouldStop, TrainEvent, TrainResult
@@ -209,7 +210,8 @@ class Trainer:
              "groups": len(seen), "groups_kept": len(kept), "tokens": upd["tokens"],
              "clip_frac": upd["clipped"] / max(1, upd["tokens"]), "kl": upd["kl_sum"] / max(1, upd["tokens"]),
              "entropy": upd["entropy_sum"] / max(1, upd["tokens"]),
-             "grad_norm": upd["grad_norm"], "lr": self.updater.schedulers[next(iter(self.updater.schedulers))].get_last_lr()[0],
+             "grad_norm": upd["grad_norm"],
+             "lr": self.updater.schedulers[next(iter(self.updater.schedulers))].get_last_lr()[0],
              "completion_len": sum(lengths) / max(1, len(lengths)), "rollout_s": stats.seconds,
              "distinct_frac": sum(distinct) / max(1, len(distinct)),
              "score_s": stats.score_seconds, "rollout_tokens_per_s": stats.tokens_per_s,
@@ -236,7 +238,8 @@ class Trainer:
 
         t0 = time.perf_counter()
         evals, _ = evaluate(self.engine, self.domains, self.cfg.eval_size)
-        self.on_event(TrainEvent("eval", self.step, {"phase": "periodic", **{k: v.to_dict() for k, v in evals.items()}}))
+        self.on_event(TrainEvent("eval", self.step,
+                                 {"phase": "periodic", **{k: v.to_dict() for k, v in evals.items()}}))
         return {**{f"heldout_{k}": v.mean for k, v in evals.items()}, "eval_s": time.perf_counter() - t0}
 
 

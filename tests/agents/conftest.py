@@ -28,8 +28,8 @@ TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
 
 class PolicyModel(ChatModel):
-    """TEST-ONLY: calls `tool` with `args` until `calls` results (or a "count=N" that high) are in the conversation, then answers
-    with `final` followed by the last tool result. Records every conversation it saw."""
+    """TEST-ONLY: calls `tool` with `args` until `calls` results (or a "count=N" that high) are in the
+    conversation, then answers with `final` followed by the last tool result. Records every conversation it saw."""
 
     def __init__(self, tool: str = "count", args: dict | None = None, calls: int = 1, final: str = "done:"):
         self.tool, self.args, self.n, self.final = tool, args or {}, calls, final
@@ -40,7 +40,8 @@ class PolicyModel(ChatModel):
         self.seen.append(messages)
         results = [m for m in messages if m["role"] == "tool"]
         # progress survives compaction: the summary keeps the tool results' "count=N"
-        done = max([len(results)] + [int(n) for m in messages for n in re.findall(r"count=(\d+)", str(m.get("content")))])
+        done = max([len(results)]
+                   + [int(n) for m in messages for n in re.findall(r"count=(\d+)", str(m.get("content")))])
         usage = Usage(prompt_tokens=sum(len(str(m.get("content") or "")) for m in messages) // 4 + 10,
                       cached_tokens=0, completion_tokens=8)
         if done < self.n and kwargs.get("tools"):

@@ -50,7 +50,8 @@ def test_kill_9_mid_run_and_restart(tmp_path, free_tcp_port_factory):
         charge_run = api.post("/runs", json={"agent": "charger", "goal": "charge once"}).json()["id"]
         deadline = time.monotonic() + 60
         while len(lines(tmp_path / "count")) < RUNS + 1 or not any(
-                e["type"] == "tool.started" for e in api.get(f"/runs/{charge_run}/events", params={"limit": 500}).json()["data"]):
+                e["type"] == "tool.started"
+                for e in api.get(f"/runs/{charge_run}/events", params={"limit": 500}).json()["data"]):
             assert time.monotonic() < deadline, "runs never got going"
             time.sleep(0.05)
     finally:
@@ -81,7 +82,8 @@ def test_kill_9_mid_run_and_restart(tmp_path, free_tcp_port_factory):
             assert len(completed) == len(set(completed)) == len(steps)
             assert api.get(f"/runs/{run_id}/audit").json()["ok"] is True
         recovered = [r for r in runs + [charge_run]
-                     if any(e["type"] == "run.recovered" for e in api.get(f"/runs/{r}/events", params={"limit": 500}).json()["data"])]
+                     if any(e["type"] == "run.recovered"
+                            for e in api.get(f"/runs/{r}/events", params={"limit": 500}).json()["data"])]
         assert charge_run in recovered
     finally:
         server.send_signal(signal.SIGTERM)

@@ -1,4 +1,5 @@
-"""The run loop: tool calls, approvals (approve / reject / edit / expiry), budgets, limits, retries, pause, compaction."""
+"""The run loop: tool calls, approvals (approve / reject / edit / expiry), budgets, limits, retries, pause,
+compaction."""
 
 import asyncio
 import json
@@ -100,7 +101,8 @@ def test_unknown_tools_and_bad_arguments_come_back_as_errors_the_model_sees(tmp_
     rt.put_agent(spec())
     run = rt.start_run("tester", "call a tool that does not exist")
     done = drive(rt, lambda: wait_status(rt, run.id, TERMINAL))
-    assert done.status == "succeeded" and "tool 'nope' is not one of this agent's tools (refused, not run); its tools: count" in done.result
+    assert done.status == "succeeded" and (
+        "tool 'nope' is not one of this agent's tools (refused, not run); its tools: count" in done.result)
     [call] = rt.steps(run.id)[0]["tool_calls"]
     assert call["status"] == "failed"
 

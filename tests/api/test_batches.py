@@ -94,7 +94,8 @@ def staggered(n: int) -> list[dict]:
 
 def test_batch_runs_to_completed_with_one_output_line_per_custom_id(srv):
     _, _, c = srv
-    questions = ["Where is my parcel?", "Do you ship to Norway?", "Where is my parcel today?", "Can I change the address?"]
+    questions = ["Where is my parcel?", "Do you ship to Norway?", "Where is my parcel today?",
+                 "Can I change the address?"]
     batch = submit(c, [chat_line(f"q{i}", q) for i, q in enumerate(questions)])
     assert batch.status == "validating" and batch.endpoint == CHAT and batch.metadata == {"job": "test"}
     done = wait_for(c, batch.id)

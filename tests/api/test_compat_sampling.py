@@ -78,7 +78,8 @@ def test_echo_scores_the_prompt_like_the_engine_decodes_it(oai, server):
     assert lp.tokens == [tok.token_text(i) for i in ids]
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(v <= 0 for v in lp.token_logprobs[1:]) and lp.text_offset[0] == 0
-    assert all(tok.token_text(ids[k]) in lp.top_logprobs[k] and len(lp.top_logprobs[k]) <= 3 for k in range(1, len(ids)))
+    assert all(tok.token_text(ids[k]) in lp.top_logprobs[k] and len(lp.top_logprobs[k]) <= 3
+               for k in range(1, len(ids)))
     # independent check through the decode path: force token k after the prefix ids[:k] and read the
     # logprob the sampler reports for it (raw logits, before the bias)
     for k in (1, len(ids) // 2, len(ids) - 1):

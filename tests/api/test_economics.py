@@ -69,7 +69,8 @@ def test_missing_bad_and_revoked_keys_get_401(paid):
     for bad in ("ms-acme-wrong", "x"):
         with pytest.raises(openai.AuthenticationError):
             ask(client(srv, bad), "hi")
-    r = httpx.post(srv.openai_url + "/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(srv.openai_url + "/chat/completions",
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert ask(client(srv, secret), "hi").choices[0].message.content is not None
     with session(econ.db) as s:

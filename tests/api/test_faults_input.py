@@ -110,7 +110,8 @@ def multipart(data: bytes, boundary: str = "mainspring-test-boundary") -> tuple[
     head = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nuser_data\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.txt"\r\n'
             "Content-Type: application/octet-stream\r\n\r\n").encode()
-    return head + data + f"\r\n--{boundary}--\r\n".encode(), {"content-type": f"multipart/form-data; boundary={boundary}"}
+    return (head + data + f"\r\n--{boundary}--\r\n".encode(),
+            {"content-type": f"multipart/form-data; boundary={boundary}"})
 
 
 def test_health_stays_fast_while_a_large_upload_streams_in(srv):

@@ -61,7 +61,8 @@ def test_a_jobs_model_is_its_projects_and_an_operators_is_everyones(registry):
     assert {m.id for m in registry.visible(key(1))} == {"ft:Base::ftjob-a", "operator-model", "ft:Base::ftjob-c"}
     assert {m.id for m in registry.visible(key(2))} == {"operator-model", "ft:Base::ftjob-c"}
     assert {m.id for m in registry.visible(None)} == {"operator-model", "ft:Base::ftjob-c"}
-    assert registry.find(key(2), "ft:Base::ftjob-a") is None and registry.find(key(1), "ft:Base::ftjob-a").public is False
+    assert (registry.find(key(2), "ft:Base::ftjob-a") is None
+            and registry.find(key(1), "ft:Base::ftjob-a").public is False)
     assert registry.find(key(1), "../db.sqlite") is None and registry.find(key(1), ".tmp-half-published") is None
     assert registry.find(key(1), "operator-model").context_window == 64
 

@@ -88,7 +88,8 @@ SHEET = parse_price_sheet({
 def usage_records(draw):
     uncached, read, write = (draw(st.integers(0, 400_000)) for _ in range(3))
     out = draw(st.integers(0, 100_000))
-    return UsageRecord(model=draw(st.sampled_from(["m", SMOL])), tier=draw(st.sampled_from(["standard", "fast", "batch"])),
+    return UsageRecord(model=draw(st.sampled_from(["m", SMOL])),
+                       tier=draw(st.sampled_from(["standard", "fast", "batch"])),
                        input_total=uncached + read + write, cache_read=read, cache_write=write, output_total=out,
                        reasoning=draw(st.integers(0, out)))
 

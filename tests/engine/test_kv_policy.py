@@ -108,8 +108,10 @@ def tiny_model(embedded, context: int) -> LoadedModel:
     sd = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": torch.ones(hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        sd.update({p + "self_attn.q_proj.weight": w(heads * d, hidden), p + "self_attn.k_proj.weight": w(kvh * d, hidden),
-                   p + "self_attn.v_proj.weight": w(kvh * d, hidden), p + "self_attn.o_proj.weight": w(hidden, heads * d),
+        sd.update({p + "self_attn.q_proj.weight": w(heads * d, hidden),
+                   p + "self_attn.k_proj.weight": w(kvh * d, hidden),
+                   p + "self_attn.v_proj.weight": w(kvh * d, hidden),
+                   p + "self_attn.o_proj.weight": w(hidden, heads * d),
                    p + "mlp.gate_proj.weight": w(inter, hidden), p + "mlp.up_proj.weight": w(inter, hidden),
                    p + "mlp.down_proj.weight": w(hidden, inter), p + "input_layernorm.weight": torch.ones(hidden),
                    p + "post_attention_layernorm.weight": torch.ones(hidden)})

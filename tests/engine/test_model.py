@@ -33,7 +33,8 @@ def ours_from(hf) -> CausalLM:
         intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
         num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
         head_dim=c.hidden_size // c.num_attention_heads, max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_parameters["rope_theta"] if hasattr(c, "rope_parameters") and c.rope_parameters else c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta,
         rope_scaling=getattr(c, "rope_scaling", None), tie_word_embeddings=c.tie_word_embeddings,
         attention_bias=c.model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
     )

@@ -30,7 +30,8 @@ def mk(n: int, start: int = 0, max_tokens: int = 4, priority: int = 0, rid: str 
 
 
 def make(num_blocks: int = 64, block_size: int = 4, budget: int = 64, max_seqs: int = 8) -> Scheduler:
-    cfg = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+    cfg = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_num_batched_tokens=budget,
+                       max_num_seqs=max_seqs)
     return Scheduler(cfg, BlockManager(num_blocks, block_size))
 
 

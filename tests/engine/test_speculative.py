@@ -520,7 +520,8 @@ def test_draft_model_sampling_follows_the_target_distribution(embedded):
     c = embedded.config
 
     def top3(ids: list[int]) -> dict[int, float]:
-        cache = [(torch.zeros(64, c.num_key_value_heads, c.head_dim), torch.zeros(64, c.num_key_value_heads, c.head_dim))
+        cache = [(torch.zeros(64, c.num_key_value_heads, c.head_dim),
+                  torch.zeros(64, c.num_key_value_heads, c.head_dim))
                  for _ in range(c.num_hidden_layers)]
         meta = AttentionMetadata.build([], [([0, 1, 2, 3], 0, len(ids))], 16)
         with torch.inference_mode():

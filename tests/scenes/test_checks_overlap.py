@@ -79,6 +79,7 @@ def test_an_open_mesh_asset_falls_back_to_its_bounding_box(tmp_path):
     open_cup.export(tmp_path / "assets" / "open.glb")
     a = box("a", [1, 1, 1], [0, 0.5, 0])
     asset = {"id": "bowl", "shape": "mesh", "asset": "assets/open.glb", "position": [0.5, 0.5, 0]}
-    [r] = check_constraints(world(doc(a, asset), tmp_path), [CONSTRAINT.validate_python({"type": "no_overlap"})]).results
+    [r] = check_constraints(world(doc(a, asset), tmp_path),
+                            [CONSTRAINT.validate_python({"type": "no_overlap"})]).results
     assert not r.passed and r.value == pytest.approx(0.2 * 0.4 * 0.4)  # x 0.3..0.5, y and z full
     assert "bounding boxes used for bowl (not watertight)" in r.detail

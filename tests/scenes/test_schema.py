@@ -108,7 +108,8 @@ def test_the_decoding_schema_is_a_narrower_form_of_the_full_one(compiler):
         "ids out of order": doc(box("ball", [1, 1, 1], [0, 0.5, 0]), box("crate", [1, 1, 1], [0, 0.5, 0])),
         "an extra object": doc(*good["objects"], box("extra", [1, 1, 1], [0, 0.5, 0])),
         "a material by name": {**good, "objects": [{**good["objects"][0], "material": "wood"}, good["objects"][1]]},
-        "a quaternion": {**good, "objects": [{**good["objects"][0], "rotation_quat": [0, 0, 0, 1]}, good["objects"][1]]},
+        "a quaternion": {**good, "objects": [{**good["objects"][0], "rotation_quat": [0, 0, 0, 1]},
+                                             good["objects"][1]]},
         "a light": {**good, "lights": [{"id": "sun", "type": "directional", "intensity": 3}]},
         "a constraint on a stranger": {**good, "constraints": [{"type": "on_floor", "a": "table"}]},
     }

@@ -72,7 +72,8 @@ def test_bleu_and_rouge_match_hand_computed_values():
 
 @pytest.mark.slow
 def test_cosine_uses_the_embedding_model():
-    assert score(similar("cosine"), "Paris is the capital of France.", {"answer": "The capital of France is Paris."}) > 0.9
+    assert score(similar("cosine"), "Paris is the capital of France.",
+                 {"answer": "The capital of France is Paris."}) > 0.9
     assert score(similar("cosine"), "I like turtles", {"answer": "The capital of France is Paris."}) < 0.3
 
 

@@ -54,8 +54,8 @@ def tiny(embedded):
 
 def config(**kw):
     base = {"domains": [{"name": "vowels"}], "steps": 3, "prompts_per_step": 2, "group_size": 3, "lr": 1e-2,
-            "threads": 1, "eval_before": False, "eval_after": False, "export": False, "checkpoint_every": 1, "keep_checkpoints": 3,
-            "micro_batch": 4}
+            "threads": 1, "eval_before": False, "eval_after": False, "export": False, "checkpoint_every": 1,
+            "keep_checkpoints": 3, "micro_batch": 4}
     return TrainConfig.parse({**base, **kw})
 
 
@@ -105,8 +105,8 @@ def test_resume_refuses_a_checkpoint_of_another_run(tiny, tmp_path):
 
 
 def test_scorer_failures_score_zero_and_are_counted(tiny, tmp_path):
-    res = run_training(config(steps=2, dynamic_sampling=False), tmp_path, domains={"vowels": domain(scorer=FlakyScorer())},
-                       loaded=tiny)
+    res = run_training(config(steps=2, dynamic_sampling=False), tmp_path,
+                       domains={"vowels": domain(scorer=FlakyScorer())}, loaded=tiny)
     assert res.steps_done == 2
     m = losses(tmp_path)
     assert sum(x["scorer_errors"] for x in m) >= 3

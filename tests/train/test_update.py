@@ -37,7 +37,8 @@ def make_items(n: int = 8, seed: int = 1, group: int = 1) -> list[TrainItem]:
 
 
 def config(**kw) -> TrainConfig:
-    base = {"domains": [{"name": "a"}, {"name": "b"}], "lora": None, "micro_batch": 8, "interference": "sum", "lr": 1e-3}
+    base = {"domains": [{"name": "a"}, {"name": "b"}], "lora": None, "micro_batch": 8, "interference": "sum",
+            "lr": 1e-3}
     return TrainConfig.parse({**base, **kw})
 
 

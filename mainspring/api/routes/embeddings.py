@@ -174,4 +174,5 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Embeddi
     if dims < embedder.dim:  # Matryoshka-style: keep the leading dimensions and renormalize, as OpenAI does
         vectors = F.normalize(vectors[:, :dims], p=2, dim=-1)
     data = [EmbeddingItem(index=i, embedding=e) for i, e in enumerate(encode_vectors(vectors, body.encoding_format))]
-    return EmbeddingResponse(data=data, model=MODEL_NAME, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+    return EmbeddingResponse(data=data, model=MODEL_NAME,
+                             usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))

@@ -2,8 +2,8 @@
 
 Constrained decoding uses scenes.decoding_schema(brief.objects): every output is a scene/0.1
 document by construction (compact JSON, bounded lists, exactly the brief's object ids, constraints
-that name only them), whatever the model's size; how good the scene is, is for the evaluator. One shared system prompt means the engine's prefix cache computes it once
-for the whole batch.
+that name only them), whatever the model's size; how good the scene is, is for the evaluator. One
+shared system prompt means the engine's prefix cache computes it once for the whole batch.
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ def inspect_cmd(
     report = write_report(findings, out or get_settings().data_dir / "inspect" / t.label, names)
     if as_json:
         typer.echo(json.dumps({"target": target, "domains": names, "model_checks": source is not None,
-                               "counts": counts(findings, names), "errors": sum(f.severity == "error" for f in findings),
+                               "counts": counts(findings, names),
+                               "errors": sum(f.severity == "error" for f in findings),
                                "report": str(report), "findings": [f.to_json() for f in findings]}, default=str))
     else:
         console = Console(soft_wrap=True)

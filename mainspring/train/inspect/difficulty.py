@@ -175,7 +175,8 @@ def check_difficulty(domain: Domain, options: InspectOptions, source: Completion
     evidence = {"items": len(done), "samples_per_item": g, "pass_threshold": pass_threshold,
                 "mean_reward": round(sum(sum(x.rewards) / max(1, len(x.rewards)) for x in done) / len(done), 4),
                 "mean_pass_rate": round(sum(rates) / len(rates), 4),
-                "histogram": {"bins": [round(k / g, 4) for k in range(g + 1)], "counts": [hist[k] for k in range(g + 1)]},
+                "histogram": {"bins": [round(k / g, 4) for k in range(g + 1)],
+                              "counts": [hist[k] for k in range(g + 1)]},
                 "useful_share": round(share, 4), "useful_share_at_group_size": at_g,
                 "useful_groups_per_step": round(PROMPTS_PER_STEP * at_g["4"], 2),
                 "rollouts_per_useful_group": round(1 / share, 2) if share else None}
@@ -320,7 +321,8 @@ def check_label_noise(domain: Domain, options: InspectOptions, source: Completio
                             "reference": None if r is None else r[:80], "reference_score": rs}
               for x, a, k, s, r, rs in flagged[:MAX_LISTED]}
     return [Finding("label_noise.consensus_disagrees", "warning", domain.name,
-                    f"reference may be wrong on {len(flagged)} items: most of {g} samples agree on an answer it rejects",
+                    f"reference may be wrong on {len(flagged)} items: "
+                    f"most of {g} samples agree on an answer it rejects",
                     tuple(x.sample.id for x, *_ in flagged),
                     {"count": len(flagged), "samples_per_item": g, "habitual_answers_skipped": sorted(habitual)[:5],
                      "items": detail},

@@ -133,7 +133,8 @@ def _length(domain: Domain, prober: Prober, samples: Sequence[Sample], refs: dic
     if measured:
         out.append(Finding("hacking.length_correlation", "info", domain.name,
                            "reward vs length of padded completions: " + ", ".join(
-                               f"{k} rho {v['spearman']:.2f} gain {v['gain_at_cap']:+.2f}" for k, v in measured.items()),
+                               f"{k} rho {v['spearman']:.2f} gain {v['gain_at_cap']:+.2f}"
+                               for k, v in measured.items()),
                            evidence={"families": measured, "levels_words": levels}))
     return out
 

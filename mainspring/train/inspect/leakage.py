@@ -107,7 +107,8 @@ def check_leakage(domain: Domain, options: InspectOptions) -> list[Finding]:
     strong = max(options.leak_jaccard, options.near_duplicate_jaccard)
     rows: dict[bool, list[tuple[str, str, dict[str, Any]]]] = {True: [], False: []}
     for e, (t, sim) in lexical.items():
-        rows[sim >= strong and (sim == 1.0 or not index.only_substitutions(e, t))].append((e, t, {"similarity": round(sim, 3), "measure": "exact" if sim == 1.0 else "jaccard"}))
+        rows[sim >= strong and (sim == 1.0 or not index.only_substitutions(e, t))].append(
+            (e, t, {"similarity": round(sim, 3), "measure": "exact" if sim == 1.0 else "jaccard"}))
     out = _leak_findings("data.leak", "error", domain.name, rows[True], text, "copies", fix)
     out += _leak_findings("data.leak_reworded", "warning", domain.name, rows[False], text, "rewords", fix)
     if not options.use_embeddings:

@@ -145,7 +145,8 @@ def _schema(name: str, recs: list[OutputRecord]) -> list[Finding]:
                    "constrain decoding with the schema (response_format json_schema) or fix the prompt"
                    if invalid else "")]
     if bad_schema:
-        out.append(Finding("outputs.bad_schema", "warning", name, f"{len(bad_schema)} requests carry an invalid JSON schema",
+        out.append(Finding("outputs.bad_schema", "warning", name,
+                           f"{len(bad_schema)} requests carry an invalid JSON schema",
                            _ids(bad_schema), {"count": len(bad_schema)}, "fix the schema the client sends"))
     return out
 

@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 import pytest
 
 from mainspring.train.domains.base import Domain, Sample, Score
-from mainspring.train.inspect.difficulty import (EngineSource, answer_key, check_difficulty, check_label_noise, normalize,
-                                                 reference_text)
+from mainspring.train.inspect.difficulty import (EngineSource, answer_key, check_difficulty, check_label_noise,
+                                                 normalize, reference_text)
 from mainspring.train.inspect.findings import InspectOptions
 
 
@@ -26,7 +26,8 @@ class ExactScorer:
 
 
 def make_domain(answers: dict[str, str], scorer=None) -> Domain:
-    train = [Sample(i, "toy", ({"role": "user", "content": f"question {i}"},), {"answer": a}) for i, a in answers.items()]
+    train = [Sample(i, "toy", ({"role": "user", "content": f"question {i}"},), {"answer": a})
+             for i, a in answers.items()]
     eval_ = [Sample("e0", "toy", ({"role": "user", "content": "held out"},), {"answer": "0"})]
     return Domain("toy", train, eval_, scorer or ExactScorer())
 

@@ -164,7 +164,8 @@ def test_the_trainer_reports_divergence_after_its_eval(tiny, tmp_path, monkeypat
     class Planted(TrainingMonitor):
         def observe_eval(self, step, means):
             super().observe_eval(step, means)
-            return [Finding("monitor.reward_divergence", "error", "flat", "planted", evidence={"step": step})] if step else []
+            return ([Finding("monitor.reward_divergence", "error", "flat", "planted", evidence={"step": step})]
+                    if step else [])
 
     monkeypatch.setattr(trainer, "TrainingMonitor", Planted)
     events = []

@@ -93,7 +93,8 @@ def test_batch_output_with_its_input_file(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text("\n".join(json.dumps(x) for x in [
         {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"messages": [], "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}},
+         "body": {"messages": [], "response_format": {"type": "json_schema",
+                                                      "json_schema": {"name": "p", "schema": SCHEMA}}}},
         {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
          "body": {"messages": [], "response_format": {"type": "json_object"}}},
         {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},
@@ -104,7 +105,8 @@ def test_batch_output_with_its_input_file(tmp_path):
                 "response": {"status_code": 200, "request_id": "r", "body": {"choices": list(choices)}}}
 
     out = tmp_path / "out.jsonl"
-    lines = [ok("a", {"index": 0, "message": {"role": "assistant", "content": '{"name": "x"}'}, "finish_reason": "stop"}),
+    lines = [ok("a", {"index": 0, "message": {"role": "assistant", "content": '{"name": "x"}'},
+                      "finish_reason": "stop"}),
              ok("b", {"index": 0, "message": {"role": "assistant", "content": "[1]"}, "finish_reason": "stop"},
                 {"index": 1, "message": {"role": "assistant", "content": "{}"}, "finish_reason": "length"}),
              ok("c", {"index": 0, "message": {"content": None, "tool_calls": [{"function": {"name": "f"}}]},
@@ -142,7 +144,8 @@ def test_agent_journal_steps(tmp_path):
     t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
     rows = [("s1", "completed", {"role": "assistant", "content": "The answer is 4."}),
             ("s2", "completed", {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "search"}}]}),
-            ("s3", "failed", None), ("s4", "completed", {"role": "assistant", "content": "I'm sorry, but I can't do that."}),
+            ("s3", "failed", None),
+            ("s4", "completed", {"role": "assistant", "content": "I'm sorry, but I can't do that."}),
             ("s5", "started", None)]
     with engine.begin() as conn:
         for i, (sid, status, msg) in enumerate(rows):

@@ -163,7 +163,8 @@ def test_wrong_answers_by_shape():
     assert json.loads(got["json_values"]) == {"name": "Oslo", "age": 38, "city": "Ann", "ok": False}
     assert got["other_reference"] == '{"name": "Bo"}'
     got = wrong_answers("The profit was 150.5 in total.")
-    assert got == {"numbers_shifted": "The profit was 188.5 in total.", "numbers_doubled": "The profit was 301.0 in total."}
+    assert got == {"numbers_shifted": "The profit was 188.5 in total.",
+                   "numbers_doubled": "The profit was 301.0 in total."}
     assert wrong_answers("Paris", other="Paris") == {}
     assert padded("8", 3) == "8\n\n" + filler(3) and not any(c.isdigit() for c in filler(50))
 

@@ -58,7 +58,8 @@ def upgrade() -> None:
         sa.Column("data_json", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_fine_tuning_events"),
-        sa.ForeignKeyConstraint(["job_id"], ["fine_tuning_jobs.id"], name="fk_fine_tuning_events_job_id_fine_tuning_jobs"),
+        sa.ForeignKeyConstraint(["job_id"], ["fine_tuning_jobs.id"],
+                                name="fk_fine_tuning_events_job_id_fine_tuning_jobs"),
     )
     op.create_index("ix_fine_tuning_events_job_id", "fine_tuning_events", ["job_id"])
 
