@@ -61,9 +61,15 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
         models = agent_models or AppModels(app.state.engine, app.state.upstreams, app.state.finetuned, settings.model)
         app.state.agents = AgentRuntime(settings, models=models, tools=agent_tools)
         await app.state.agents.start()
+        from mainspring.api import fine_tuning_results
         from mainspring.train.jobs import FineTuningRunner  # resumes the job a restart cut off
 
-        app.state.fine_tuning = FineTuningRunner(settings, app.state.economics.db, train_fn=train_fn)
+        db = app.state.economics.db
+
+        def write_results(job_id: str) -> None:  # a job's metrics CSV goes to the Files store, which api owns
+            fine_tuning_results.write(db, settings, job_id)
+
+        app.state.fine_tuning = FineTuningRunner(settings, db, train_fn=train_fn, results=write_results)
         app.state.fine_tuning.start()
         yield
         await asyncio.to_thread(app.state.fine_tuning.stop)  # the job checkpoints; the next start resumes it

@@ -5,6 +5,10 @@ copies them in.
 Who sees one: a model a fine-tuning job made belongs to that job's project (another project's callers
 get a 404, as for its jobs); a folder no job made is the operator's and every caller sees it.
 
+A job's checkpoints (`<model id>:ckpt-step-N`) are models too, found by name for the job's project while
+their weights exist (finetuned_checkpoints.py): the base model with the checkpoint's weights applied on
+load. They are not listed (a job has one per few steps), only served and retrievable.
+
 An engine is loaded on first use (on a worker thread, with its own small KV pool) and kept; past
 `finetuned_max_loaded` the least recently used one is retired: dropped from the table at once, closed
 when its last request has finished.
@@ -26,6 +30,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from mainspring.api import finetuned_checkpoints
 from mainspring.config import Settings
 from mainspring.store.db import session
 from mainspring.store.tables import FineTuningJobRow
@@ -45,6 +50,8 @@ class FineTunedModel:
     public: bool  # no job made it: an operator's model, visible to every caller
     created: int
     context_window: int | None
+    checkpoint: Path | None = None  # a job's checkpoint folder: `path` is that folder, not an HF one
+    base_spec: str | None = None  # a checkpoint's base, as load_model takes it
 
     def visible_to(self, principal: Any) -> bool:
         return self.public or self.project_id == (principal.project_id if principal is not None else None)
@@ -97,7 +104,20 @@ class FineTunedModels:
     def find_for_project(self, project_id: int | None, model_id: str) -> FineTunedModel | None:
         if not model_id or "/" in model_id or "\0" in model_id or model_id.startswith("."):
             return None  # a name, never a path
+        if finetuned_checkpoints.NAME.match(model_id):
+            return self._checkpoint(project_id, model_id)
         return next((m for m in self.scan(only=model_id) if m.public or m.project_id == project_id), None)
+
+    def _checkpoint(self, project_id: int | None, name: str) -> FineTunedModel | None:
+        c = finetuned_checkpoints.find(self.db, self.settings.data_dir, project_id, name)
+        if c is None:
+            return None
+        try:
+            created = int((c.folder / finetuned_checkpoints.META).stat().st_mtime)
+        except OSError:  # the trainer rotated it out just now
+            return None
+        return FineTunedModel(name, c.folder, c.base, c.project_id, False, created, None, checkpoint=c.folder,
+                              base_spec=c.base_spec)
 
     # ---- engines -------------------------------------------------------------------------------------------
     async def engine(self, m: FineTunedModel) -> Any:
@@ -130,7 +150,11 @@ class FineTunedModels:
         from mainspring.engine.loader import load_model
 
         t0 = time.perf_counter()
-        loaded = dataclasses.replace(load_model(m.path, self.settings.cache_dir), name=m.id)
+        if m.checkpoint is not None and m.base_spec is not None:
+            base = load_model(m.base_spec, self.settings.cache_dir)
+            loaded = dataclasses.replace(finetuned_checkpoints.apply(base, m.checkpoint), name=m.id)
+        else:
+            loaded = dataclasses.replace(load_model(m.path, self.settings.cache_dir), name=m.id)
         config = dataclasses.replace(EngineConfig.from_settings(self.settings),
                                      kv_cache_mb=self.settings.finetuned_kv_cache_mb, kv_disk_cache_mb=0)
         eng = AsyncLLMEngine(LLMEngine(loaded, config))

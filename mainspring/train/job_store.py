@@ -2,6 +2,9 @@
 
 Every status change is conditional on the status it comes from (`move`), so a cancel that lands while
 the runner finishes a job is never overwritten, and the runner never resurrects a cancelled job.
+
+`paused` is a job the runner leaves alone (it is not PENDING, so not even a restart picks it up) until a
+resume puts it back to `queued`; its run folder keeps the checkpoint the trainer wrote when it stopped.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from mainspring.store.db import session
 from mainspring.store.tables import FineTuningCheckpointRow, FineTuningEventRow, FineTuningJobRow
 from mainspring.store.ids import new_id
 
-STATUSES = ("validating_files", "queued", "running", "succeeded", "failed", "cancelled")
+STATUSES = ("validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled")
 PENDING = ("validating_files", "queued", "running")  # the runner has work to do (running: resume after a restart)
+CANCELLABLE = PENDING + ("paused",)
 TERMINAL = ("succeeded", "failed", "cancelled")
 DOMAIN = "job"  # the one domain of a job's run
 

@@ -6,9 +6,14 @@ what the trainer reports (events, checkpoints, tokens) as it arrives. On a serve
 `running` resumes from its newest checkpoint (`resume=True`); one that never reached a checkpoint starts
 over. A job restarted MAX_ATTEMPTS times fails instead of looping.
 
-Cancel is the job's status: the route sets `cancelled`, and `should_stop` (polled by the trainer between
-steps) sees it; so does a shutdown, which leaves the job `running` for the next start. On success the
+Cancel and pause are the job's status: the route sets `cancelled` or `paused`, and `should_stop` (polled by
+the trainer between steps) sees it; the trainer checkpoints and returns, as on a shutdown, which leaves the
+job `running` for the next start. A paused job is not pending: it waits, across restarts too, until a resume
+sets it `queued`, and then continues from its newest checkpoint like a restarted one. On success the
 exported folder moves to `Settings.finetuned_path / <model id>`, where the API serves it.
+
+`results` (given by the API, which owns the Files store) writes the job's per-step metrics CSV as a file:
+after every checkpoint, so a paused or failed job has one too, and once more before the job succeeds.
 
 One runner per database: two server processes on one database would both run the same job.
 """
@@ -32,7 +37,7 @@ from mainspring.store.tables import FileRow, FineTuningJobRow
 from mainspring.train import job_store
 from mainspring.train.config import TrainConfig, TrainConfigError
 from mainspring.train.domains.base import DomainError, DomainSettings
-from mainspring.train.events import TrainResult
+from mainspring.train.events import TrainEvent, TrainResult
 from mainspring.train.graders import GraderError, parse_grader
 from mainspring.train.job_events import JobEvents
 from mainspring.train.rft_data import DataFileError, job_domain
@@ -54,9 +59,10 @@ def real_train_fn() -> TrainFn:
 
 class FineTuningRunner:
     def __init__(self, settings: Settings, db: Engine, *, train_fn: TrainFn | None = None, sandbox: Any = None,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, results: Callable[[str], Any] | None = None) -> None:
         self.settings, self.db, self.sandbox, self.poll_s = settings, db, sandbox, poll_s
         self._train_fn = train_fn
+        self._results = results
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,10 +124,7 @@ class FineTuningRunner:
         # a later attempt always asks to resume: the trainer continues from its newest checkpoint in the
         # run folder, or starts over when the first attempt never wrote one
         resume = row.attempts > 0
-        saved = job_store.checkpoints(self.db, job_id)
-        note = ("Fine-tuning job started" if not resume else
-                f"Resuming after a restart from the checkpoint at step {saved[-1].step_number}" if saved else
-                "Restarting from the beginning after a restart (no checkpoint had been written)")
+        note = self._start_note(row, resume)
         if not job_store.move(self.db, job_id, job_store.PENDING, "running", message=note,
                               attempts=row.attempts + 1, started_at=row.started_at or job_store.now()):
             return  # cancelled meanwhile
@@ -136,9 +139,15 @@ class FineTuningRunner:
         run_dir = self.settings.data_dir / "fine_tuning" / job_id
         run_dir.mkdir(parents=True, exist_ok=True)
         events = JobEvents(self.db, job_id, config.steps, self.settings.data_dir)
+
+        def on_event(ev: TrainEvent) -> None:
+            events(ev)
+            if ev.kind == "checkpoint":  # a checkpoint is every few steps: cheap enough to rewrite the CSV
+                self._write_results(job_id)
+
         train = self._train_fn or real_train_fn()
         try:
-            result = train(config, run_dir, resume=resume, domains={job_store.DOMAIN: domain}, on_event=events,
+            result = train(config, run_dir, resume=resume, domains={job_store.DOMAIN: domain}, on_event=on_event,
                            should_stop=self._stop_check(job_id), settings=self.settings)
         except (TrainConfigError, DomainError) as exc:  # what the trainer refuses to run is the job's fault
             job_store.fail(self.db, job_id, "invalid_job", str(exc))
@@ -148,6 +157,24 @@ class FineTuningRunner:
             job_store.fail(self.db, job_id, "training_failed", f"{type(exc).__name__}: {exc}")
             return
         self._finish(job_id, result, events)
+
+    def _start_note(self, row: FineTuningJobRow, resume: bool) -> str:
+        if not resume:
+            return "Fine-tuning job started"
+        saved = job_store.checkpoints(self.db, row.id)
+        # a started job is back in `queued` only through a resume; a restart leaves it `running`
+        why = "after the job was resumed" if row.status == "queued" else "after a restart"
+        if saved:
+            return f"Resuming {why} from the checkpoint at step {saved[-1].step_number}"
+        return f"Restarting from the beginning {why} (no checkpoint had been written)"
+
+    def _write_results(self, job_id: str) -> None:
+        if self._results is None:
+            return
+        try:
+            self._results(job_id)
+        except Exception:  # the metrics file is a by-product: it must never fail the training
+            log.exception("fine-tuning job %s: cannot write the result file", job_id)
 
     def _prepare(self, row: FineTuningJobRow):
         config = TrainConfig.parse(json.loads(row.config_json), "the job's config")
@@ -191,6 +218,10 @@ class FineTuningRunner:
                 if job is not None:  # a job deleted while it trained has nothing to stamp
                     job.finished_at = job_store.now()
             return
+        if row.status == "paused":  # the trainer left its checkpoint (or finished): a resume continues from it
+            job_store.event(self.db, job_id, f"Training paused at step {result.steps_done}; resume the job to "
+                            "continue from its checkpoint")
+            return
         if result.stopped:  # a shutdown: stays running, resumed by the next start
             job_store.event(self.db, job_id, f"Paused at step {result.steps_done} by a server shutdown; the job "
                             "resumes when the server starts again")
@@ -203,6 +234,7 @@ class FineTuningRunner:
                            "see the job's events for the evaluation")
             return
         model_id = job_store.model_name(row.model, row.suffix, job_id)
+        self._write_results(job_id)  # before `succeeded`: whoever sees the status sees the whole file
         dest = self.publish(Path(export), model_id)
         if not job_store.move(self.db, job_id, ("running",), "succeeded", fine_tuned_model=model_id,
                               finished_at=job_store.now(), estimated_finish=None,

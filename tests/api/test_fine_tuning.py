@@ -1,6 +1,7 @@
 """The fine-tuning jobs API with the official openai SDK against a real server: create, list, retrieve, events,
 checkpoints, cancel, project isolation, 400s for bad input, a job that survives a server restart, serving the
-fine-tuned model (chat + billing), and one job with the real GRPO trainer on the embedded model.
+fine-tuned model (chat + billing). Pause/resume, result files, servable checkpoints and the one job with the
+real GRPO trainer are in test_fine_tuning_control.py, which shares the helpers here.
 
 Most tests inject a fake trainer (same signature as run_training) so they take seconds: it reports steps and
 checkpoints, honours should_stop and resume, and "exports" the embedded model's own weights (linked, not copied).
@@ -9,7 +10,6 @@ checkpoints, honours should_stop and resume, and "exports" the embedded model's 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from pathlib import Path
@@ -380,29 +380,3 @@ def test_grader_endpoints(ft):
     assert c.fine_tuning.alpha.graders.validate(grader=GRADER).grader.name == "exact"
     with pytest.raises(openai.BadRequestError, match="operation"):
         c.fine_tuning.alpha.graders.validate(grader={**GRADER, "operation": "contains"})
-
-
-# ---- the real trainer ------------------------------------------------------------------------------------
-def test_a_real_reinforcement_job_on_the_embedded_model(async_engine, weights, tmp_path):
-    """One GRPO step of the embedded model (group of 2, 4 new tokens, no eval), exported, served, answering."""
-    app = make_app(async_engine, tmp_path, None, str(weights))  # None: mainspring.train.trainer.run_training
-    with serve(app, async_engine) as server:
-        c = client(server, new_key(app))
-        train = upload(c, [rft_line(*x) for x in CAPITALS[:4]])
-        grader = {"type": "text_similarity", "name": "close", "input": "{{ sample.output_text }}",
-                  "reference": "{{ item.answer }}", "evaluation_metric": "fuzzy_match"}
-        job = c.fine_tuning.jobs.create(model=BASE, training_file=train.id, suffix="e2e", seed=1,
-                                        method=method(grader, steps=1, batch_size=1, group_size=2, max_tokens=4,
-                                                      eval=False))
-        done = wait_for(c, job.id, timeout=600)
-        assert done.status == "succeeded", (done.error, messages(c, job.id))
-        assert done.fine_tuned_model == f"ft:{BASE}:e2e:{job.id}" and done.trained_tokens > 0
-        log = messages(c, job.id)
-        assert "Training started at step 0" in log and "Exported the trained weights" in log  # the trainer's events
-        step = next(e for e in c.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "metrics")
-        assert step.data["step"] == 1 and math.isfinite(step.data["loss"]) and 0 <= step.data["reward"] <= 1
-        assert [cp.step_number for cp in c.fine_tuning.jobs.checkpoints.list(job.id).data] == [1]
-        assert done.fine_tuned_model in [m.id for m in c.models.list().data]
-        chat = c.chat.completions.create(model=done.fine_tuned_model, max_tokens=4, temperature=0,
-                                         messages=[{"role": "user", "content": "What is the capital of France?"}])
-        assert chat.model == done.fine_tuned_model and chat.usage.completion_tokens > 0

@@ -110,3 +110,35 @@ def test_an_agent_may_use_its_projects_fine_tuned_models_only(registry):
         with pytest.raises(JournalError, match="unknown model 'ft:Base::ftjob-a'"):
             resolve("ft:Base::ftjob-a", project)
     assert resolve("operator-model", 2).model == "operator-model"  # an operator's model is everyone's
+
+
+def test_a_jobs_checkpoint_is_its_projects_model_while_its_weights_exist(registry):
+    """ft:...:ckpt-step-N names a checkpoint row of the job; found only for the job's project, only while the
+    trainer's folder still holds its weights, never listed."""
+    from mainspring.store.tables import FineTuningCheckpointRow
+
+    data_dir = registry.settings.data_dir
+    with session(registry.db) as s:
+        s.add(FineTuningJobRow(id="ftjob-r", project_id=1, model="Base", suffix="s", training_file="f", seed=0,
+                               status="paused", method_json="{}", config_json=json.dumps({"model": "smollm2"}),
+                               attempts=1))
+        s.flush()
+        for step in (2, 4):
+            s.add(FineTuningCheckpointRow(id=f"ftckpt_{step}", job_id="ftjob-r", step_number=step,
+                                          path=f"fine_tuning/ftjob-r/checkpoints/step-{step:06d}"))
+    for step in (2, 4):
+        folder = data_dir / "fine_tuning" / "ftjob-r" / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text("{}")
+        (folder / "weights.safetensors").write_bytes(b"")
+    (data_dir / "fine_tuning" / "ftjob-r" / "checkpoints" / "step-000002" / "weights.safetensors").unlink()  # rotated
+
+    m = registry.find(key(1), "ft:Base:s:ftjob-r:ckpt-step-4")
+    assert m is not None and m.checkpoint == m.path and m.path.name == "step-000004"
+    assert (m.base_spec, m.base, m.project_id, m.public) == ("smollm2", "Base", 1, False)
+    for who, name in ((key(2), "ft:Base:s:ftjob-r:ckpt-step-4"), (None, "ft:Base:s:ftjob-r:ckpt-step-4"),
+                      (key(1), "ft:Base:s:ftjob-r:ckpt-step-2"),  # its weights are gone
+                      (key(1), "ft:Base:s:ftjob-r:ckpt-step-3"),  # no such checkpoint
+                      (key(1), "ft:Other:s:ftjob-r:ckpt-step-4"), (key(1), "ft:Base::ftjob-r:ckpt-step-4")):
+        assert registry.find(who, name) is None, name
+    assert not any("ckpt" in x.id for x in registry.visible(key(1)))

@@ -4,7 +4,8 @@ Create checks everything it can at once, so mistakes are 400s naming the field r
 fail later: the method and its grader, the hyperparameters, the data files (readable, JSONL lines in
 the RFT format) and the base model. The job then waits `queued` for the FineTuningRunner
 (mainspring/train/jobs.py), which these routes only wake. A job belongs to its creator's project: any
-key of the project sees it, another project's key gets a 404 as if it did not exist.
+key of the project sees it, another project's key gets a 404 as if it did not exist. Cancel, pause and
+resume are in fine_tuning_control.py, the objects and the ownership checks in fine_tuning_objects.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 
 from mainspring.api.errors import APIError, bad_request
+from mainspring.api.routes import fine_tuning_control
 from mainspring.api.routes.files import content_path, get_owned
+from mainspring.api.routes.fine_tuning_objects import (checkpoint_object, db, event_object, get_owned as get_job,
+                                                       job_object, job_objects, project_of, visible, wake)
 from mainspring.api.routes.models import EMBEDDED_MODEL, FAST_SUFFIX, find_finetuned, served_models
 from mainspring.store.db import newest_first_page, session
 from mainspring.store.tables import FineTuningCheckpointRow, FineTuningEventRow, FineTuningJobRow
@@ -32,6 +36,7 @@ from mainspring.train.rft_data import DataFileError, held_out_split, read_sample
 from mainspring.store.ids import new_id
 
 router = APIRouter()
+router.include_router(fine_tuning_control.router)  # cancel, pause, resume
 
 SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ":" would break the ft:<base>:<suffix>:<id> name
 
@@ -55,72 +60,6 @@ class CreateJob(BaseModel):
     hyperparameters: dict[str, Any] | None = None  # OpenAI's deprecated top-level field (supervised only)
     integrations: list[Any] | None = None
     metadata: dict[str, str] | None = Field(None, max_length=16)
-
-
-# ---- objects -----------------------------------------------------------------------------------------------
-def _ts(t) -> int | None:
-    return None if t is None else int(t.timestamp())
-
-
-def _org(project_id: int | None) -> str:
-    return f"project-{project_id}" if project_id is not None else "anonymous"
-
-
-def job_object(row: FineTuningJobRow) -> dict[str, Any]:
-    method = json.loads(row.method_json)
-    hp = method["reinforcement"]["hyperparameters"]
-    return {
-        "id": row.id, "object": "fine_tuning.job", "created_at": _ts(row.created_at), "model": row.model,
-        "status": row.status, "fine_tuned_model": row.fine_tuned_model, "finished_at": _ts(row.finished_at),
-        "error": json.loads(row.error_json) if row.error_json else None, "organization_id": _org(row.project_id),
-        "hyperparameters": {k: hp[k] for k in ("batch_size", "learning_rate_multiplier", "n_epochs")},
-        "method": method, "result_files": [], "seed": row.seed, "trained_tokens": row.trained_tokens,
-        "training_file": row.training_file, "validation_file": row.validation_file,
-        "estimated_finish": _ts(row.estimated_finish), "integrations": [],
-        "metadata": json.loads(row.metadata_json) if row.metadata_json else None,
-        "user_provided_suffix": row.suffix,
-    }
-
-
-def event_object(row: FineTuningEventRow) -> dict[str, Any]:
-    return {"id": f"ftevent-{row.id}", "object": "fine_tuning.job.event", "created_at": _ts(row.created_at),
-            "level": row.level, "message": row.message, "type": row.type,
-            "data": json.loads(row.data_json) if row.data_json else {}}
-
-
-def checkpoint_object(row: FineTuningCheckpointRow, job: FineTuningJobRow) -> dict[str, Any]:
-    name = job_store.model_name(job.model, job.suffix, job.id)
-    return {"id": row.id, "object": "fine_tuning.job.checkpoint", "created_at": _ts(row.created_at),
-            "fine_tuned_model_checkpoint": f"{name}:ckpt-step-{row.step_number}", "fine_tuning_job_id": job.id,
-            "step_number": row.step_number, "metrics": json.loads(row.metrics_json)}
-
-
-# ---- ownership -------------------------------------------------------------------------------------------
-def _project(principal: Any) -> int | None:
-    return principal.project_id if principal is not None else None
-
-
-def _visible(principal: Any):
-    pid = _project(principal)
-    return FineTuningJobRow.project_id == pid if pid is not None else FineTuningJobRow.project_id.is_(None)
-
-
-def _get_owned(s: Any, job_id: str, principal: Any) -> FineTuningJobRow:
-    row = s.scalar(select(FineTuningJobRow).where(FineTuningJobRow.id == job_id, _visible(principal)))
-    if row is None:
-        raise APIError(404, f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id",
-                       code="fine_tuning_job_not_found")
-    return row
-
-
-def _db(request: Request):
-    return request.app.state.economics.db
-
-
-def _wake(request: Request) -> None:
-    runner = getattr(request.app.state, "fine_tuning", None)
-    if runner is not None:
-        runner.notify()
 
 
 # ---- create ----------------------------------------------------------------------------------------------
@@ -165,6 +104,9 @@ async def _base(request: Request, name: str) -> tuple[str, str]:
     if name in (base, EMBEDDED_MODEL if base.startswith("SmolLM2") else base):
         return base, request.app.state.settings.model
     ft = await find_finetuned(request, name)
+    if ft is not None and ft.checkpoint is not None:
+        raise bad_request(f"model {name!r} is a checkpoint, which serves but cannot be fine-tuned; fine-tune "
+                          f"{base} or a job's final ft: model", param="model", code="model_not_available")
     if ft is not None:  # training on from a fine-tuned model: the new one is named after the original base
         return ft.base or base, str(ft.path)
     hint = f"; {name} is an int4 serving variant" if name.endswith(FAST_SUFFIX) else ""
@@ -179,7 +121,7 @@ def _samples(request: Request, principal: Any, body: CreateJob) -> tuple[int, in
     for param, file_id in (("training_file", body.training_file), ("validation_file", body.validation_file)):
         if file_id is None:
             continue
-        with session(_db(request), readonly=True) as s:
+        with session(db(request), readonly=True) as s:
             try:
                 f = get_owned(s, file_id, principal)
             except APIError:
@@ -218,14 +160,14 @@ async def create_job(body: CreateJob, request: Request) -> dict:
     method = {"type": "reinforcement", "reinforcement": {"grader": grader.model_dump(exclude_none=True),
                                                          "hyperparameters": resolved}}
     row = FineTuningJobRow(
-        id=new_id("ftjob-"), project_id=_project(principal),
+        id=new_id("ftjob-"), project_id=project_of(principal),
         api_key_id=principal.id if principal is not None else None, model=base, training_file=body.training_file,
         validation_file=body.validation_file, suffix=body.suffix, seed=seed, status="queued",
         method_json=json.dumps(method), config_json=config.model_dump_json(), attempts=0,
         metadata_json=json.dumps(body.metadata) if body.metadata else None, created_at=job_store.now())
 
     def insert() -> None:
-        with session(_db(request)) as s:
+        with session(db(request)) as s:
             s.add(row)
             s.flush()
             job_store.add_event(s, row.id, f"Created fine-tuning job: {row.id}")
@@ -233,8 +175,8 @@ async def create_job(body: CreateJob, request: Request) -> dict:
                                 "held out for evaluation); the job is queued")
 
     await asyncio.to_thread(insert)
-    _wake(request)
-    return job_object(row)
+    wake(request)
+    return job_object(row, [])  # no result file before the first step
 
 
 # ---- read ------------------------------------------------------------------------------------------------
@@ -242,22 +184,23 @@ async def create_job(body: CreateJob, request: Request) -> dict:
 async def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict:
     principal = request.state.principal
 
-    def query() -> tuple[list[FineTuningJobRow], bool]:
-        with session(_db(request), readonly=True) as s:
-            return newest_first_page(s, FineTuningJobRow, _visible(principal),
-                                     _get_owned(s, after, principal) if after else None, limit)
+    def query() -> tuple[list[dict[str, Any]], bool]:
+        with session(db(request), readonly=True) as s:
+            rows, more = newest_first_page(s, FineTuningJobRow, visible(principal),
+                                           get_job(s, after, principal) if after else None, limit)
+            return job_objects(s, rows), more
 
-    rows, more = await asyncio.to_thread(query)
-    return {"object": "list", "data": [job_object(r) for r in rows], "has_more": more}
+    data, more = await asyncio.to_thread(query)
+    return {"object": "list", "data": data, "has_more": more}
 
 
 @router.get("/v1/fine_tuning/jobs/{job_id}")
 async def retrieve_job(job_id: str, request: Request) -> dict:
-    def get() -> FineTuningJobRow:
-        with session(_db(request), readonly=True) as s:
-            return _get_owned(s, job_id, request.state.principal)
+    def get() -> dict[str, Any]:
+        with session(db(request), readonly=True) as s:
+            return job_objects(s, [get_job(s, job_id, request.state.principal)])[0]
 
-    return job_object(await asyncio.to_thread(get))
+    return await asyncio.to_thread(get)
 
 
 def _event_cursor(after: str | None) -> int | None:
@@ -275,8 +218,8 @@ async def list_events(job_id: str, request: Request, after: str | None = None,
     cursor = _event_cursor(after)
 
     def query() -> tuple[list[FineTuningEventRow], bool]:
-        with session(_db(request), readonly=True) as s:
-            _get_owned(s, job_id, request.state.principal)
+        with session(db(request), readonly=True) as s:
+            get_job(s, job_id, request.state.principal)
             q = select(FineTuningEventRow).where(FineTuningEventRow.job_id == job_id)
             if cursor is not None:
                 q = q.where(FineTuningEventRow.id < cursor)
@@ -291,8 +234,8 @@ async def list_events(job_id: str, request: Request, after: str | None = None,
 async def list_checkpoints(job_id: str, request: Request, after: str | None = None,
                            limit: int = Query(10, ge=1, le=100)) -> dict:
     def query() -> tuple[FineTuningJobRow, list[FineTuningCheckpointRow], bool]:
-        with session(_db(request), readonly=True) as s:
-            job = _get_owned(s, job_id, request.state.principal)
+        with session(db(request), readonly=True) as s:
+            job = get_job(s, job_id, request.state.principal)
             q = select(FineTuningCheckpointRow).where(FineTuningCheckpointRow.job_id == job_id)
             if after:
                 c = s.get(FineTuningCheckpointRow, after)
@@ -306,25 +249,3 @@ async def list_checkpoints(job_id: str, request: Request, after: str | None = No
     data = [checkpoint_object(r, job) for r in rows]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": more}
-
-
-@router.post("/v1/fine_tuning/jobs/{job_id}/cancel")
-async def cancel_job(job_id: str, request: Request) -> dict:
-    def cancel() -> FineTuningJobRow:
-        with session(_db(request), readonly=True) as s:
-            _get_owned(s, job_id, request.state.principal)  # 404 unless the caller may see it
-        # the runner sees the status between two steps and stops there
-        moved = job_store.move(_db(request), job_id, job_store.PENDING, "cancelled", finished_at=job_store.now(),
-                               estimated_finish=None, message="Fine-tuning job cancelled")
-        row = job_store.load(_db(request), job_id)
-        if row is None:  # deleted in between
-            raise APIError(404, f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id",
-                           code="fine_tuning_job_not_found")
-        if not moved and row.status != "cancelled":
-            raise bad_request(f"fine-tuning job {job_id} is {row.status} and can no longer be cancelled",
-                              param="fine_tuning_job_id", code="job_not_cancellable")
-        return row
-
-    row = await asyncio.to_thread(cancel)
-    _wake(request)
-    return job_object(row)
