@@ -55,10 +55,15 @@ class DomainSampler:
         recent, before = h[-WINDOW:], h[-2 * WINDOW:-WINDOW]
         return abs(sum(recent) / WINDOW - sum(before) / WINDOW)
 
-    def draw(self, n: int) -> list[Sample]:
+    def draw(self, n: int, cover: bool = False) -> list[Sample]:
+        """n prompts, domains drawn by weight. `cover`: first one prompt of each domain with a weight
+        (the heaviest first, up to n), then the rest by weight, so gradient surgery (PCGrad, CAGrad)
+        sees every domain's gradient in every step: a domain absent from a step cannot be protected
+        from the others' updates, and under a skewed mix it would be absent from most steps."""
         w = self.weights()
         names = [k for k in w if w[k] > 0]
-        picks = self.rng.choices(names, weights=[w[k] for k in names], k=n)
+        first = sorted(names, key=lambda k: -w[k])[:n] if cover else []
+        picks = first + self.rng.choices(names, weights=[w[k] for k in names], k=n - len(first))
         return [self._next(name) for name in picks]
 
     def _next(self, name: str) -> Sample:

@@ -31,6 +31,18 @@ def test_static_weights_set_the_share_of_prompts():
     assert sorted(first) == [f"a{i}" for i in range(5)] and first != sorted(first)
 
 
+def test_cover_puts_every_weighted_domain_in_each_draw():
+    doms = {"big": dom("big", weight=20.0), "small": dom("small", weight=1.0), "off": dom("off", weight=0.0)}
+    plain, covered = DomainSampler(doms, seed=0), DomainSampler(doms, seed=0)
+    # by weight alone the small domain misses most 4-prompt steps; covered, it is in every one
+    assert sum("small" in {x.domain for x in plain.draw(4)} for _ in range(50)) < 25
+    for _ in range(50):
+        got = Counter(x.domain for x in covered.draw(4, cover=True))
+        assert got["small"] >= 1 and got["big"] >= 1 and "off" not in got
+    # fewer prompts than domains: the heaviest come first
+    assert [x.domain for x in DomainSampler(doms, seed=0).draw(1, cover=True)] == ["big"]
+
+
 def test_progress_sampling_favours_the_domain_that_is_moving():
     s = DomainSampler({"moving": dom("moving"), "flat": dom("flat")}, mode="progress", seed=0)
     assert s.weights() == {"moving": 0.5, "flat": 0.5}  # no history yet
