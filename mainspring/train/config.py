@@ -70,6 +70,9 @@ class TrainConfig(_Strict):
     max_refill_rounds: int = Field(2, ge=0, description="extra rollout rounds to replace zero-variance groups")
     # domains
     sampling: Literal["static", "progress"] = "static"
+    # every weighted domain gets a prompt in every step (the rest by weight); None = under pcgrad/cagrad
+    # only, whose projection protects only the domains present in the step
+    every_domain_per_step: bool | None = None
     interference: Literal["weights", "sum", "pcgrad", "cagrad"] = "weights"  # see update.py
     cagrad_c: float = Field(0.5, ge=0)
     # evaluation and export
@@ -95,6 +98,12 @@ class TrainConfig(_Strict):
         if self.warmup_steps > self.steps:
             raise ValueError("warmup_steps must not exceed steps")
         return self
+
+    @property
+    def covers_domains(self) -> bool:
+        if self.every_domain_per_step is not None:
+            return self.every_domain_per_step
+        return self.interference in ("pcgrad", "cagrad")
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":

@@ -157,7 +157,7 @@ class Trainer:
         """This rank's groups with reward signal, every group generated (for metrics), and stats."""
         cfg = self.cfg
         want = cfg.prompts_per_step
-        samples = self.sampler.draw(want, cover=cfg.interference in ("pcgrad", "cagrad"))
+        samples = self.sampler.draw(want, cover=cfg.covers_domains)
         kept: list[Group] = []
         seen: list[Group] = []
         stats = RolloutStats()
