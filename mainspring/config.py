@@ -7,6 +7,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -35,14 +37,17 @@ class Settings(BaseSettings):
                                   "<data_dir>/cache/kv: evicted KV blocks are reloaded instead of recomputed, "
                                   "and the cache survives a restart; 0 = off")
     quantization: str = Field("", description="weights of the standard engine: '' (fp32), 'int4', 'int4-bf16', "
-                              "'int4-fp32' or 'int8'")
+                              "'int4-fp32', 'int8' or 'bf16'")
+    linear_kernel: Literal["auto", "torch", "onednn"] = Field(
+        "auto", description="kernel of the fp32 linears: 'auto' (torch's or oneDNN's with prepacked weights, "
+        "whichever is faster on this CPU, timed at start), 'torch' or 'onednn'")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "
                              "'draft:layers=20,k=4' or a JSON object (engine/speculative.py); empty = off")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "
                            "'hot=256,bits=8' (engine/kv_policy.py); empty = dense fp32")
     fast_variant: bool = Field(True, description="serve '<model>-fast' on its own quantized + speculative engine")
     fast_kernel: str = Field("auto", description="weights of the -fast engine: 'auto' (measured per CPU at first "
-                             "start, engine/kernel_choice.py), 'int4-bf16', 'int8', 'int4-fp32' or 'fp32'")
+                             "start, engine/kernel_choice.py), 'int4-bf16', 'bf16', 'int8', 'int4-fp32' or 'fp32'")
     fast_speculative: str = Field("", description="speculative decoding of the -fast engine, as `speculative` or "
                                   "'off'; empty = the measured default, n-gram k=5 n=3 (engine/fast_variant.py)")
 

@@ -56,6 +56,9 @@ class EngineConfig:
     # linears, quantized once and cached under Settings.cache_dir/quant
     quantization: str | None = None
     quant_group_size: int = 32  # see quant.DEFAULT_GROUP_SIZE
+    # kernel of the linears left fp32 (engine/linear_kernel.py): "auto" times torch's and oneDNN's
+    # prepacked one on this CPU; "torch" / "onednn" pin one
+    linear_kernel: str = "auto"
     # speculative decoding (engine/speculative.py), off when None: SpeculativeConfig("ngram") or
     # SpeculativeConfig("draft", layers=20)
     speculative: SpeculativeConfig | None = None
@@ -84,7 +87,7 @@ class EngineConfig:
             max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
             speculative=SpeculativeConfig.parse(s.speculative),
-            quantization=parse_quantization(s.quantization),
+            quantization=parse_quantization(s.quantization), linear_kernel=s.linear_kernel,
             kv_policy=KVPolicyConfig.parse(s.kv_policy),
             kv_disk_cache_mb=s.kv_disk_cache_mb,
             # these settings' data dir, not the environment's (create_app may be given its own)

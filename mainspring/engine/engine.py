@@ -21,6 +21,7 @@ from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
+from mainspring.engine.linear_kernel import choose, fp32_linears, pack_linears
 from mainspring.engine.model import CausalLM
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
@@ -61,6 +62,11 @@ class LLMEngine:
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size)
+        # the linears left fp32 run on the faster kernel of this CPU (oneDNN prepacked, or torch's)
+        self.linear_kernel = choose(self.config.linear_kernel,
+                                    [(m.out_features, m.in_features) for m in fp32_linears(self.model).values()])
+        if self.linear_kernel == "onednn":
+            pack_linears(self.model)
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
@@ -375,7 +381,8 @@ class LLMEngine:
 
     def stats(self) -> dict:
         out = {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
-               "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks}
+               "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks,
+               "linear_kernel": self.linear_kernel}
         if self.spec is not None:
             out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
         if self.kv_disk is not None:

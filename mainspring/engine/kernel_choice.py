@@ -1,13 +1,14 @@
 """Which weight format the `-fast` engine runs on this CPU: measured at first start, then cached.
 
-The candidates follow the CPU's features (engine/cpu.py): int4 with bf16 activations where bf16 is
-native, int8 with dynamically quantized activations where an int8 GEMM backend exists (AVX2 and up,
-NEON), int4 with fp32 activations everywhere, and fp32 (the standard engine's weights) as the floor.
-Each is timed on the model's own linear shapes at the rows a fast decode step multiplies (1 for a
-plain step, k + 1 for a speculative verification) for a few milliseconds per shape; the fastest one
-whose teacher-forced output on a fixed text stays close to fp32 (top-1 agreement and perplexity
-ratio, `AccuracyBound`) wins. When fp32 is the fastest left, there is no faster format on this CPU:
-the fast variant then serves the standard weights with speculative decoding, and says so.
+The candidates follow the CPU's features (engine/cpu.py): int4 with bf16 activations and bf16
+weights on oneDNN where bf16 is native, int8 with dynamically quantized activations where an int8
+GEMM backend exists (AVX2 and up, NEON), int4 with fp32 activations everywhere, and fp32 (the
+standard engine's weights, on its own kernel: engine/linear_kernel.py) as the floor. Each is
+timed on the model's own linear shapes at the rows a fast decode step multiplies (1 for a plain
+step, k + 1 for a speculative verification) for a few milliseconds per shape; the fastest one whose
+teacher-forced output on a fixed text stays close to fp32 (top-1 agreement and perplexity ratio,
+`AccuracyBound`) wins. When fp32 is the fastest left, there is no faster format on this CPU: the
+fast variant then serves the standard weights with speculative decoding, and says so.
 
 The choice is stored as JSON under <cache dir>/kernels, keyed by the model, the CPU's feature key
 and torch's version, so later starts skip the measurement; the log line and /health carry it.
@@ -30,11 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mainspring.engine.cpu import CpuFeatures, detect
+from mainspring.engine.linear_kernel import PackedLinear, choose, onednn_available
 
 log = logging.getLogger(__name__)
 
 FP32 = "fp32"
-CHOICE_FORMAT = "mainspring-kernel-choice/1"
+CHOICE_FORMAT = "mainspring-kernel-choice/2"  # 2: bf16 candidate, fp32 timed on the engine's own kernel
 BUDGET_S = 0.02  # timing per (candidate, shape, rows); at least one call after a warm-up
 # A fixed English text (written for this purpose): the accuracy check's teacher-forced input.
 REFERENCE_TEXT = (
@@ -55,7 +57,7 @@ class AccuracyBound:
 
 @dataclass
 class KernelChoice:
-    name: str  # a candidate: "int4-bf16" | "int8" | "int4-fp32" | "fp32"
+    name: str  # a candidate: "int4-bf16" | "bf16" | "int8" | "int4-fp32" | "fp32"
     reason: str
     ms_per_step: dict[str, float] = field(default_factory=dict)  # measured linear time per candidate
     accuracy: dict[str, dict[str, float]] = field(default_factory=dict)  # checked candidates: top1, ppl_ratio
@@ -72,11 +74,13 @@ class KernelChoice:
         return asdict(self)
 
 
-def candidates(features: CpuFeatures, int8_available: bool) -> list[str]:
-    """The formats worth timing on this CPU, fp32 last."""
+def candidates(features: CpuFeatures, int8_available: bool, onednn: bool = False) -> list[str]:
+    """The formats worth timing on this CPU, fp32 last (`onednn`: torch's oneDNN linear works)."""
     out = []
     if features.bf16:
         out.append("int4-bf16")
+        if onednn:
+            out.append("bf16")
     if int8_available and features.int8_gemm:
         out.append("int8")
     out.append("int4-fp32")
@@ -92,8 +96,12 @@ def linear_shapes(model: nn.Module) -> Counter[tuple[int, int]]:
 
 def build_linear(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A linear of candidate `name` over `weight` (no bias), as the engine would build it."""
-    if name == FP32:
+    if name == FP32:  # the standard engine's kernel for this shape: oneDNN prepacked or torch's
+        if choose("auto", [(weight.shape[0], weight.shape[1])]) == "onednn":
+            return PackedLinear(weight)
         return lambda x: F.linear(x, weight)
+    if name == "bf16":
+        return PackedLinear(weight, dtype=torch.bfloat16)
     if name == "int8":
         from mainspring.engine.quant_int8 import Int8Linear
 
@@ -215,7 +223,7 @@ def choose_kernel(loaded, cache_dir: Path | None, *, threads: int, verify_rows: 
     if path is not None and (cached := load_choice(path)) is not None:
         return cached
     start = time.perf_counter()
-    names = candidates(features, available())
+    names = candidates(features, available(), onednn_available())
     meta = CausalLM.from_weights(loaded.config, loaded.state_dict)  # shapes only; shares the tensors
     ms = measure(names, linear_shapes(meta), rows=(1, verify_rows))
     del meta

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mainspring.engine.linear_kernel import PackedLinear
+
 log = logging.getLogger(__name__)
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)  # the kernel rejects any other group size
@@ -243,11 +245,13 @@ class QuantReport:
     seconds: float = 0.0
 
 
-def quantizable_linears(model: nn.Module, include_lm_head: bool = True) -> dict[str, nn.Linear]:
-    """Every `nn.Linear` of the model by module name (the fused qkv / gate_up, o / down, and the
-    LM head unless excluded). Embeddings are not linears: they stay fp32, even when tied."""
+def quantizable_linears(model: nn.Module, include_lm_head: bool = True) -> dict[str, nn.Linear | PackedLinear]:
+    """Every fp32 linear of the model by module name (the fused qkv / gate_up, o / down, and the LM
+    head unless excluded; `nn.Linear`, or oneDNN-packed: both have .weight and .bias). Embeddings are
+    not linears: they stay fp32, even when tied."""
     return {name: m for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and (include_lm_head or name != "lm_head")}
+            if (isinstance(m, nn.Linear) or (isinstance(m, PackedLinear) and m.dtype == torch.float32))
+            and (include_lm_head or name != "lm_head")}
 
 
 @torch.no_grad()

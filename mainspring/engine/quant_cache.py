@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "mainspring-int4/1"
 # "int4": activations in bf16 where the CPU does bf16 natively, else fp32 (quant.default_compute_dtype);
-# "int4-bf16" / "int4-fp32" pin them; "int8": int8 weights and dynamically quantized activations
-QUANTIZATION_METHODS = ("int4", "int4-bf16", "int4-fp32", "int8")
+# "int4-bf16" / "int4-fp32" pin them; "int8": int8 weights and dynamically quantized activations;
+# "bf16": bf16 weights on oneDNN (engine/linear_kernel.py)
+QUANTIZATION_METHODS = ("int4", "int4-bf16", "int4-fp32", "int8", "bf16")
 _INT4_COMPUTE = {"int4": None, "int4-bf16": torch.bfloat16, "int4-fp32": torch.float32}
 
 
@@ -128,12 +129,19 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
                         group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None) -> QuantReport | None:
     """What `EngineConfig.quantization` asks for: None leaves the model fp32; an int4 method
-    quantizes it (cached under `cache_dir`, default get_settings().cache_dir); "int8" needs no cache."""
+    quantizes it (cached under `cache_dir`, default get_settings().cache_dir); "int8" and "bf16" need no
+    cache."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; supported: {', '.join(QUANTIZATION_METHODS)} "
                          "(or none for fp32 weights)")
+    if method == "bf16":
+        from mainspring.engine.linear_kernel import quantize_model_bf16
+
+        report = quantize_model_bf16(model)
+        log.info("bf16: %d linears packed for oneDNN, %.2f s", len(report.quantized), report.seconds)
+        return report
     if method == "int8":
         from mainspring.engine.quant_int8 import available, quantize_model_int8
 

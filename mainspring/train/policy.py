@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mainspring.engine.config import ModelConfig
+from mainspring.engine.linear_kernel import pack_weights_into
 from mainspring.engine.model import CausalLM, DecoderLayer
 from mainspring.train.config import LoraSpec
 
@@ -107,15 +108,7 @@ class Policy:
     def sync_into(self, engine) -> SyncReport:
         """Copy the policy's weights into a running `LLMEngine` in place and drop its prefix cache."""
         t0 = time.perf_counter()
-        target = dict(engine.model.named_parameters())
-        n = size = 0
-        for name, value in self.merged_weights().items():
-            dst = target[name]
-            if dst.data_ptr() == value.data_ptr():
-                continue
-            dst.copy_(value)
-            n += 1
-            size += dst.numel() * dst.element_size()
+        n, size = pack_weights_into(engine.model, self.merged_weights())  # repacks oneDNN-packed linears
         if not engine.block_manager.reset_prefix_cache():
             raise RuntimeError("cannot sync weights while the engine has running requests")
         return SyncReport(time.perf_counter() - t0, n, size)

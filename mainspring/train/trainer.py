@@ -85,7 +85,7 @@ class Trainer:
         own = dataclasses.replace(self.loaded, state_dict={k: v.clone() for k, v in self.loaded.state_dict.items()})
         self.engine = LLMEngine(own, EngineConfig(
             kv_cache_mb=256, max_num_seqs=max(16, per_step), max_num_batched_tokens=2048,
-            threads=config.threads or self.settings.resolved_threads()))
+            threads=config.threads or self.settings.resolved_threads(), linear_kernel=self.settings.linear_kernel))
         self.policy = Policy(self.loaded.config, self.loaded.state_dict, config.lora,
                              keep_reference=config.kl_beta > 0 and config.lora is None)
         self.updater = Updater(self.policy, config, {n: d.settings for n, d in self.domains.items()}, self.world)

@@ -46,14 +46,16 @@ def test_cpuinfo_parsing_keeps_the_features_a_choice_depends_on():
 
 
 @pytest.mark.parametrize("cpu, arch, int8, want", [
-    (SAPPHIRE, "x86_64", True, ["int4-bf16", "int8", "int4-fp32", "fp32"]),
-    (EPYC, "x86_64", True, ["int8", "int4-fp32", "fp32"]),
+    (SAPPHIRE, "x86_64", True, ["int4-bf16", "bf16", "int8", "int4-fp32", "fp32"]),
+    (EPYC, "x86_64", True, ["int8", "int4-fp32", "fp32"]),  # no native bf16: no bf16 weights either
     (EPYC, "x86_64", False, ["int4-fp32", "fp32"]),  # a torch without the quantized engine
-    (GRAVITON, "aarch64", True, ["int4-bf16", "int8", "int4-fp32", "fp32"]),
+    (GRAVITON, "aarch64", True, ["int4-bf16", "bf16", "int8", "int4-fp32", "fp32"]),
     (OLD_X86, "x86_64", True, ["int4-fp32", "fp32"]),
 ])
 def test_candidates_follow_the_cpu(cpu, arch, int8, want):
-    assert kc.candidates(parse_cpuinfo(cpu, arch), int8) == want
+    assert kc.candidates(parse_cpuinfo(cpu, arch), int8, onednn=True) == want
+    # a torch without a working oneDNN linear offers no bf16 weights
+    assert "bf16" not in kc.candidates(parse_cpuinfo(cpu, arch), int8, onednn=False)
 
 
 def fixed(table):

@@ -387,12 +387,14 @@ def test_the_measured_fast_kernel_meets_its_accuracy_bound(embedded, tmp_path):
     from mainspring.engine.fast_variant import build_fast_engine
     from mainspring.engine.kernel_choice import AccuracyBound, candidates
     from mainspring.engine.cpu import detect
+    from mainspring.engine.linear_kernel import onednn_available
     from mainspring.engine.quant_int8 import available
 
     settings = Settings(kv_cache_mb=64, data_dir=tmp_path)
     engine = build_fast_engine(settings, loaded=embedded)
     choice = engine.kernel_choice
-    assert set(choice.ms_per_step) == set(candidates(detect(), available())) and not choice.from_cache
+    assert set(choice.ms_per_step) == set(candidates(detect(), available(), onednn_available()))
+    assert not choice.from_cache
     assert engine.config.speculative is not None and engine.config.quantization == choice.quantization
     if choice.name != "fp32":
         bound = AccuracyBound()

@@ -1,0 +1,196 @@
+"""The fp32 linear kernel per CPU: torch's own (`F.linear`, MKL in the CPU wheel) or oneDNN with the
+weight prepacked once at load time.
+
+MKL takes a slow generic path on AMD CPUs. Measured on an AMD EPYC (AVX-512, 2 threads) over the
+embedded model's 121 linears, one decode step: 42.9 ms with `F.linear`, 15.5 ms with oneDNN's
+prepacked weights (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the ops
+inductor's weight freezing emits); 2.6x at 512 rows (prefill) too, and results within fp32
+rounding of each other (relative 1e-6). Where MKL is at home (Intel), the two are closer, so
+"auto" times both on the model's widest layer shape at 1 and 16 rows and keeps the faster; "torch"
+and "onednn" pin one (`MAINSPRING_LINEAR_KERNEL`).
+
+The same op takes bf16 weights: `PackedLinear(w, dtype=torch.bfloat16)` is the "bf16" weight format
+(`MAINSPRING_QUANTIZATION=bf16`, and a candidate of the -fast engine's kernel choice where the CPU
+has native bf16): half the bytes per step, activations rounded to bf16 on the way in and the result
+returned in fp32. Measured on the same EPYC: 10.5 ms per decode step.
+
+A `PackedLinear` holds no `weight` parameter: oneDNN's blocked tensor is opaque (no storage: it
+cannot be saved or deep-copied). `.weight` reads back a dense copy and `set_weight` repacks, which is
+how a trainer's weight sync reaches it (`pack_weights_into`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from mainspring.engine.quant import QuantReport
+
+log = logging.getLogger(__name__)
+
+LINEAR_KERNELS = ("auto", "torch", "onednn")
+MIN_GAIN = 1.1  # "auto" packs only when oneDNN is at least this much faster: a tie keeps torch's kernel
+
+
+def _pack(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), None)
+
+
+class PackedLinear(nn.Module):
+    """A drop-in for `nn.Linear` (y = x W^T + b) on oneDNN, W prepacked for this CPU in `dtype`
+    (fp32, or bf16: then x is rounded to bf16 and y comes back in x's dtype)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.dtype = dtype
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype).clone(), requires_grad=False)
+        self._packed = _pack(weight, dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A dense fp32 copy of the weight (for inspection: the forward never reads it)."""
+        return self._packed.to_dense().float()
+
+    def set_weight(self, weight: torch.Tensor) -> None:
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight of shape {tuple(weight.shape)} for a {self.out_features}x{self.in_features} "
+                             "linear")
+        self._packed = _pack(weight, self.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self._packed, self.bias, "none", [], "")
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        kind = "onednn" if self.dtype == torch.float32 else f"onednn {str(self.dtype).removeprefix('torch.')}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"
+
+
+@lru_cache(maxsize=1)
+def onednn_available() -> bool:
+    """Whether this torch build runs the prepacked oneDNN linear, and gets F.linear's answer."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        gen = torch.Generator().manual_seed(0)  # not the global generator (see measure)
+        w, x = torch.randn(24, 40, generator=gen), torch.randn(3, 40, generator=gen)
+        return bool(torch.allclose(PackedLinear(w)(x), F.linear(x, w), rtol=1e-4, atol=1e-5))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def _ms(fn, reps: int) -> float:
+    fn()  # first call: oneDNN builds its primitive
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+@lru_cache(maxsize=8)
+def measure(out_features: int, in_features: int, reps: int = 10) -> tuple[float, float]:
+    """(torch ms, oneDNN ms) of one linear of this shape, summed over 1 and 16 rows (decode and a
+    small batch), on random weights; cached per process and shape. Its own generator: drawing from
+    torch's global one would shift every seeded run that builds an engine (a trainer's rollouts)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(out_features, in_features, generator=gen)
+    packed = PackedLinear(w)
+    t_torch = t_onednn = 0.0
+    with torch.inference_mode():
+        for rows in (1, 16):
+            x = torch.randn(rows, in_features, generator=gen)
+            t_torch += _ms(lambda: F.linear(x, w), reps)  # noqa: B023 (timed within this iteration)
+            t_onednn += _ms(lambda: packed(x), reps)  # noqa: B023
+    return t_torch, t_onednn
+
+
+def choose(kernel: str, shapes: list[tuple[int, int]]) -> str:
+    """"torch" or "onednn" for these linear shapes (out, in): what `kernel` pins, or for "auto" the
+    faster one on the widest shape (timing that one costs a few milliseconds)."""
+    if kernel not in LINEAR_KERNELS:
+        raise ValueError(f"unknown linear kernel {kernel!r}; supported: {', '.join(LINEAR_KERNELS)}")
+    if kernel == "torch" or not shapes:
+        return "torch"
+    if not onednn_available():
+        if kernel == "onednn":
+            raise ValueError("linear kernel 'onednn' asked for, but this torch build has no working oneDNN linear")
+        return "torch"
+    if kernel == "onednn":
+        return "onednn"
+    widest = max(shapes, key=lambda s: s[0] * s[1] if s[0] < 32768 else 0)  # the LM head streams, skip it
+    t_torch, t_onednn = measure(*widest)
+    chosen = "onednn" if t_onednn * MIN_GAIN <= t_torch else "torch"
+    log.info("fp32 linear kernel: %s (%dx%d at 1 + 16 rows: torch %.3f ms, oneDNN %.3f ms)", chosen, *widest,
+             t_torch, t_onednn)
+    return chosen
+
+
+def fp32_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The model's plain fp32 linears (quantized ones are other module types)."""
+    return {n: m for n, m in model.named_modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32}
+
+
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[str]:
+    """Replace every plain fp32 `nn.Linear` with a `PackedLinear` of `dtype`; the names replaced. A
+    tied LM head gets its own packed copy (the embedding keeps the dense matrix it looks rows up in)."""
+    linears = fp32_linears(model)
+    for name, linear in linears.items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, PackedLinear(linear.weight, linear.bias, dtype))
+    return list(linears)
+
+
+def quantize_model_bf16(model: nn.Module) -> QuantReport:
+    """The "bf16" weight format: every linear packed in bf16 for oneDNN (nothing cached on disk:
+    packing is a cast and a reorder, and the layout is this CPU's)."""
+    from mainspring.engine.quant import QuantReport  # quant imports this module
+
+    if not onednn_available():
+        raise ValueError("weights 'bf16' need torch's oneDNN linear, which this torch build lacks")
+    start = time.perf_counter()
+    report = QuantReport(group_size=0, quantized=pack_linears(model, torch.bfloat16))
+    report.num_quantized_now = len(report.quantized)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def pack_weights_into(model: nn.Module, weights: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """Copy `weights` (parameter names as in a plain model) into `model` in place, repacking where a
+    linear is packed; (tensors written, bytes). Tensors that already are the model's are skipped. A
+    tied LM head is repacked whenever the embedding changed."""
+    params = dict(model.named_parameters())
+    n = size = 0
+    written = set()
+    for name, value in weights.items():
+        dst = params.get(name)
+        if dst is not None:
+            if dst.data_ptr() == value.data_ptr():
+                continue
+            dst.copy_(value)
+        else:
+            parent, _, leaf = name.rpartition(".")
+            try:
+                module = model.get_submodule(parent)
+            except AttributeError:
+                module = None
+            if leaf != "weight" or not isinstance(module, PackedLinear):
+                raise KeyError(f"the engine's model has no parameter {name!r}")
+            module.set_weight(value)
+        written.add(name)
+        n += 1
+        size += value.numel() * value.element_size()
+    config = getattr(model, "config", None)
+    head, embed = getattr(model, "lm_head", None), getattr(model, "embed_tokens", None)
+    tied = config is not None and getattr(config, "tie_word_embeddings", False)
+    if tied and isinstance(head, PackedLinear) and embed is not None and "embed_tokens.weight" in written:
+        head.set_weight(embed.weight)
+    return n, size

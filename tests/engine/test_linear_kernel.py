@@ -1,0 +1,136 @@
+"""The fp32 linear kernel: oneDNN's prepacked linear against F.linear, the per-CPU choice (on faked
+timings), packing a model, and writing new weights into a packed one (the trainer's sync)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mainspring.engine import linear_kernel as lk
+from mainspring.engine.linear_kernel import PackedLinear, choose, pack_linears, pack_weights_into
+from mainspring.engine.model import CausalLM
+from tests.train.tiny import tiny_config, tiny_state
+
+needs_onednn = pytest.mark.skipif(not lk.onednn_available(), reason="this torch build has no working oneDNN linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_is_f_linear(rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    w, b, x = torch.randn(96, 40, generator=g), torch.randn(96, generator=g), torch.randn(rows, 40, generator=g)
+    layer = PackedLinear(w, b if with_bias else None)
+    assert torch.allclose(layer(x), F.linear(x, w, b if with_bias else None), rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer.weight, w)  # the dense copy reads back exactly
+    assert list(layer.parameters()) == ([layer.bias] if with_bias else [])  # the packed tensor is no parameter
+    w2 = torch.randn(96, 40, generator=g)
+    layer.set_weight(w2)
+    assert torch.allclose(layer(x), F.linear(x, w2, b if with_bias else None), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="shape"):
+        layer.set_weight(torch.randn(40, 96))
+
+
+def test_choice_follows_the_timing_and_the_pins(monkeypatch):
+    shapes = [(64, 32), (128, 32), (49152, 576)]
+    monkeypatch.setattr(lk, "onednn_available", lambda: True)
+    seen = []
+
+    def fake(torch_ms, onednn_ms):
+        def measure(out, inp):
+            seen.append((out, inp))
+            return torch_ms, onednn_ms
+        return measure
+
+    monkeypatch.setattr(lk, "measure", fake(3.0, 1.0))
+    assert choose("auto", shapes) == "onednn"
+    assert seen == [(128, 32)]  # the widest layer, not the streaming LM head
+    monkeypatch.setattr(lk, "measure", fake(1.0, 0.95))  # within MIN_GAIN: torch's kernel stays
+    assert choose("auto", shapes) == "torch"
+    assert choose("torch", shapes) == "torch" and choose("onednn", shapes) == "onednn"
+    monkeypatch.setattr(lk, "onednn_available", lambda: False)
+    assert choose("auto", shapes) == "torch"
+    with pytest.raises(ValueError, match="no working oneDNN"):
+        choose("onednn", shapes)
+    with pytest.raises(ValueError, match="unknown linear kernel"):
+        choose("mkl", shapes)
+
+
+def test_the_choice_leaves_the_global_generator_alone():
+    # a seeded run (a trainer's rollouts) that builds an engine must draw what it drew without one
+    lk.measure.cache_clear()
+    lk.onednn_available.cache_clear()
+    state = torch.get_rng_state()
+    choose("auto", [(96, 40)])
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def _tiny(seed=0):
+    cfg = tiny_config(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2)
+    return cfg, CausalLM.from_weights(cfg, tiny_state(cfg, seed))
+
+
+def _logits(model, ids):
+    from mainspring.engine.attention import AttentionMetadata
+
+    c = model.config
+    kv = [(torch.zeros(64, c.num_key_value_heads, c.head_dim), torch.zeros(64, c.num_key_value_heads, c.head_dim))
+          for _ in range(c.num_hidden_layers)]
+    meta = AttentionMetadata.build([], [(list(range(4)), 0, len(ids))], 16)
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), kv, meta))
+
+
+@needs_onednn
+def test_a_packed_model_computes_the_same_logits():
+    _, plain = _tiny()
+    _, packed = _tiny()
+    # qkv, o, gate_up, down per layer + the (tied) LM head
+    assert len(pack_linears(packed)) == 2 * 4 + 1
+    assert isinstance(packed.lm_head, PackedLinear) and not isinstance(plain.lm_head, PackedLinear)
+    ids = [3, 14, 15, 9, 2, 6]
+    assert torch.allclose(_logits(packed, ids), _logits(plain, ids), rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_new_weights_reach_a_packed_model_and_its_tied_head():
+    cfg, packed = _tiny(seed=0)
+    pack_linears(packed)
+    _, other = _tiny(seed=1)  # the weights a training step would sync: every tensor different
+    weights = {n: p.detach() for n, p in other.named_parameters()}
+    assert "lm_head.weight" not in weights  # tied: only the embedding is named
+    n, size = pack_weights_into(packed, weights)
+    assert n == len(weights) and size == sum(t.numel() * 4 for t in weights.values())
+    ids = [5, 1, 7, 7, 30]
+    assert torch.allclose(_logits(packed, ids), _logits(other, ids), rtol=1e-4, atol=1e-5)
+    assert torch.equal(packed.lm_head.weight, other.embed_tokens.weight)  # the head followed the embedding
+    with pytest.raises(KeyError, match="no parameter"):
+        pack_weights_into(packed, {"layers.0.mlp.nope.weight": torch.zeros(1)})
+
+
+@needs_onednn
+def test_bf16_weights_round_the_weights_and_keep_fp32_out():
+    g = torch.Generator().manual_seed(3)
+    w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(5, 48, generator=g)
+    layer = PackedLinear(w, b, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.float32
+    # bf16 arithmetic of the rounded operands: close to them, and not exactly the fp32 answer
+    ref = F.linear(x.bfloat16().float(), w.bfloat16().float(), b.bfloat16().float())
+    assert torch.allclose(y, ref, rtol=2e-2, atol=5e-2)
+    assert not torch.equal(y, F.linear(x, w, b))
+    assert torch.equal(layer.weight, w.bfloat16().float())
+
+
+@needs_onednn
+def test_the_bf16_format_packs_every_linear_of_a_model():
+    from mainspring.engine.quant_cache import quantize_for_engine
+
+    _, plain = _tiny()
+    _, model = _tiny()
+    report = quantize_for_engine(model, None, "bf16")
+    assert len(report.quantized) == 2 * 4 + 1 and all(
+        isinstance(model.get_submodule(n), PackedLinear) and model.get_submodule(n).dtype == torch.bfloat16
+        for n in report.quantized)
+    ids = [3, 14, 15, 9, 2, 6]
+    a, b = _logits(model, ids), _logits(plain, ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8 and torch.allclose(a, b, atol=0.2)
