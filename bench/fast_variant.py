@@ -120,7 +120,7 @@ def main() -> None:
         if name == "llama.cpp" and not available(name):
             print("skip llama.cpp: llama_cpp is not installed (pip install -e '.[bench]')", file=sys.stderr)
             continue
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         print(f"running {name} ...", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--threads", str(args.threads),
                                "--repeats", str(args.repeats), "--prompt", args.prompt],
@@ -134,7 +134,10 @@ def main() -> None:
     by = {r["engine"]: r for r in results}
     if "int4" in by and "fast" in by:  # speculative decoding is meant to keep int4's greedy tokens
         by["fast"]["same_tokens_as_int4"] = by["fast"]["tokens"] == by["int4"]["tokens"]
-    report = {"prompt": args.prompt, "threads": args.threads, "repeats": args.repeats,
+    from train import cpu_model
+
+    report = {"cpu": cpu_model(), "prompt": args.prompt, "threads": args.threads, "repeats": args.repeats,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
               "loadavg_1m_before": load_before,
               "loadavg_1m_after": round(os.getloadavg()[0], 2), "results": results,
               "command": "python bench/fast_variant.py " + " ".join(sys.argv[1:])}
@@ -161,7 +164,9 @@ def markdown(report: dict) -> str:
             notes.append("same tokens as int4" if r["same_tokens_as_int4"] else "tokens differ from int4")
         lines.append(f"| {name} | {r['rate']:,.1f} | {', '.join(map(str, r['runs']))} | {vs_plain} | {vs_llama} | "
                      f"{r['peak_mb']} | {'; '.join(notes)} |")
-    lines.append(f"\nprompt {report.get('prompt', 'a')}, {report['threads']} threads, {report['repeats']} runs each, "
+    cpu = f"{report['cpu']}, " if report.get("cpu") else ""
+    lines.append(f"\nprompt {report.get('prompt', 'a')}, {cpu}{report['threads']} threads, "
+                 f"{report['repeats']} runs each, "
                  f"load average {report['loadavg_1m_before']} before / {report['loadavg_1m_after']} after; "
                  f"`{report['command']}`")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from mainspring.engine import linear_kernel as lk
 from mainspring.engine.linear_kernel import PackedLinear, choose, pack_linears, pack_weights_into
 from mainspring.engine.model import CausalLM
+from tests.engine.test_quant import run_logits as _logits
 from tests.train.tiny import tiny_config, tiny_state
 
 needs_onednn = pytest.mark.skipif(not lk.onednn_available(), reason="this torch build has no working oneDNN linear")
@@ -67,17 +68,6 @@ def test_the_choice_leaves_the_global_generator_alone():
 def _tiny(seed=0):
     cfg = tiny_config(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2)
     return cfg, CausalLM.from_weights(cfg, tiny_state(cfg, seed))
-
-
-def _logits(model, ids):
-    from mainspring.engine.attention import AttentionMetadata
-
-    c = model.config
-    kv = [(torch.zeros(64, c.num_key_value_heads, c.head_dim), torch.zeros(64, c.num_key_value_heads, c.head_dim))
-          for _ in range(c.num_hidden_layers)]
-    meta = AttentionMetadata.build([], [(list(range(4)), 0, len(ids))], 16)
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), kv, meta))
 
 
 @needs_onednn
