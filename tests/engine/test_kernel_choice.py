@@ -4,6 +4,7 @@ on real kernels and the cache keyed by CPU features (a tiny random model: no CPU
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -119,6 +120,22 @@ def test_measurement_times_every_candidate_on_the_models_shapes():
     names = ["int4-fp32", "fp32"] + (["int8"] if available() else [])
     ms = kc.measure(names, shapes, rows=(1, 6), budget_s=0.001)
     assert set(ms) == set(names) and all(v > 0 for v in ms.values())
+
+
+def test_each_shape_is_timed_over_distinct_weights_as_a_forward_streams_them(monkeypatch):
+    built = []
+
+    def build(name, weight):
+        built.append((name, weight.shape, weight.data_ptr()))
+        return lambda x: x @ weight.T
+
+    monkeypatch.setattr(kc, "build_linear", build)
+    monkeypatch.setattr(kc, "STREAM_BYTES", 3 * 16 * 8 * 4)  # room for three 16x8 fp32 copies
+    kc.measure(["fp32"], Counter({(16, 8): 5, (4, 8): 2}), rows=(1,), budget_s=0.0)
+    big = [b for b in built if b[1] == (16, 8)]
+    small = [b for b in built if b[1] == (4, 8)]
+    # capped by the byte budget (3 of the 5 the forward runs), all by its count (2), each a distinct tensor
+    assert len(big) == 3 and len(small) == 2 and len({b[2] for b in big + small}) == 5
 
 
 def test_the_choice_is_cached_per_cpu_features(tmp_path, monkeypatch):
