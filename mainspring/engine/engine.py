@@ -87,8 +87,8 @@ class LLMEngine:
         if self.config.speculative:
             self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
-        log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d",
-                 self.name, num_blocks, bs, num_blocks * bs, self.max_model_len)
+        log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d, fp32 linears on %s",
+                 self.name, num_blocks, bs, num_blocks * bs, self.max_model_len, self.linear_kernel)
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
