@@ -27,6 +27,22 @@ def _flush_kv_cache(eng) -> None:
         eng.engine.flush_kv_cache()
 
 
+def _build_engines(settings: Settings):
+    """The standard engine and, when served, the "<model>-fast" one (int4 weights + speculative decoding, the
+    same tokenizer), from one load of the weights."""
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.loader import load_model
+
+    loaded = load_model(settings.model, settings.cache_dir)
+    standard = LLMEngine(loaded, EngineConfig.from_settings(settings))
+    if not settings.fast_variant:
+        return standard, None
+    from mainspring.engine.fast_variant import build_fast_engine
+
+    return standard, build_fast_engine(settings, loaded)
+
+
 def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None,
                train_fn=None) -> FastAPI:
     """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup. `agent_models` (model
@@ -40,16 +56,13 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     async def lifespan(app: FastAPI):
         if app.state.engine is None:
             from mainspring.engine.async_engine import AsyncLLMEngine
-            from mainspring.engine.config import EngineConfig
-            from mainspring.engine.engine import LLMEngine
-            from mainspring.engine.loader import load_model
+            from mainspring.compute import compute_thread
 
-            loaded = load_model(settings.model, settings.cache_dir)  # one load shared by both engines
-            app.state.engine = AsyncLLMEngine(LLMEngine(loaded, EngineConfig.from_settings(settings)))
-            if settings.fast_variant:  # "<model>-fast": int4 weights + speculative decoding, same tokenizer
-                from mainspring.engine.fast_variant import build_fast_engine
-
-                app.state.fast_engine = AsyncLLMEngine(build_fast_engine(settings, loaded))
+            # on the compute thread, where the engines will step: torch keeps one thread pool (compute.py)
+            standard, fast = await compute_thread().run(lambda: _build_engines(settings))
+            app.state.engine = AsyncLLMEngine(standard)
+            if fast is not None:
+                app.state.fast_engine = AsyncLLMEngine(fast)
         app.state.started = time.time()
         from mainspring.api.batch_runner import BatchRunner  # needs the engine: started here, stopped first
 

@@ -32,6 +32,7 @@ from sqlalchemy.engine import Engine
 
 from mainspring.api import finetuned_checkpoints
 from mainspring.config import Settings
+from mainspring.compute import compute_thread
 from mainspring.store.db import session
 from mainspring.store.tables import FineTuningJobRow
 
@@ -130,7 +131,9 @@ class FineTunedModels:
         async with lock:  # one load per model, however many requests ask at once
             eng = self._engines.get(m.id)
             if eng is None:
-                eng = await asyncio.to_thread(self._load, m)
+                # on the compute thread, like every engine (mainspring/compute.py): the standard engine's steps
+                # wait for the seconds the load takes, rather than every step after it running slower
+                eng = await compute_thread().run(lambda: self._load(m))
                 self._engines[m.id] = eng
                 while len(self._engines) > self.settings.finetuned_max_loaded:
                     old_id, old = self._engines.popitem(last=False)

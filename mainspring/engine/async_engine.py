@@ -1,8 +1,9 @@
-"""AsyncLLMEngine: the engine's step loop on a background thread, one asyncio stream per request.
+"""AsyncLLMEngine: the engine's steps on the compute thread, one asyncio stream per request.
 
-The HTTP server and the chat CLI run on an event loop; the model runs on a thread so a forward
-pass never blocks the loop. Every engine call holds one lock, so adds and aborts from the loop
-interleave safely with steps.
+The HTTP server and the chat CLI run on an event loop; the model runs on the process's compute
+thread (mainspring/compute.py: one thread for every engine, so torch keeps one thread pool) so a
+forward pass never blocks the loop. Every engine call holds one lock, so adds and aborts from the
+loop interleave safely with steps.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import threading
 from typing import AsyncIterator
 
+from mainspring.compute import compute_thread
 from mainspring.engine.engine import LLMEngine, Prompt
 from mainspring.engine.outputs import RequestOutput
 from mainspring.engine.params import SamplingParams
@@ -20,13 +22,12 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._aborts: list[str] = []
         self._closed = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="mainspring-engine", daemon=True)
-        self._thread.start()
+        self._compute = compute_thread()
+        self._compute.register(self)
 
     @property
     def tokenizer(self):
@@ -47,7 +48,7 @@ class AsyncLLMEngine:
             with self._lock:
                 rid = self.engine.add_request(prompt, params, request_id, priority, cache_salt)
                 self._queues[rid] = (loop, queue)
-            self._wake.set()
+            self._compute.wake()
             return rid
 
         adding = asyncio.ensure_future(asyncio.to_thread(add))
@@ -85,37 +86,41 @@ class AsyncLLMEngine:
         """Non-blocking: the engine thread drops the request before its next step."""
         self._queues.pop(request_id, None)
         self._aborts.append(request_id)
-        self._wake.set()
+        self._compute.wake()
 
     def close(self) -> None:
+        """Stop stepping this engine; a step in flight finishes first (the lock)."""
         self._closed = True
-        self._wake.set()
-        self._thread.join(timeout=10)
+        self._compute.unregister(self)
+        with self._lock:
+            pass
 
-    def _loop(self) -> None:
-        while not self._closed:
-            self._wake.wait()
-            with self._lock:
-                while self._aborts:
-                    self.engine.abort(self._aborts.pop())
-                if not self.engine.has_unfinished():
-                    self._wake.clear()
+    def step_once(self) -> bool:
+        """One engine step if a request is waiting (the compute thread calls this); whether it stepped."""
+        if self._closed or self._error is not None:
+            return False
+        with self._lock:
+            while self._aborts:
+                self.engine.abort(self._aborts.pop())
+            if not self.engine.has_unfinished():
+                return False
+            try:
+                outputs = self.engine.step()
+            except BaseException as exc:  # deliver to every waiting stream instead of dying silently
+                self._error = exc
+                self._compute.unregister(self)
+                for loop, q in self._queues.values():
+                    loop.call_soon_threadsafe(q.put_nowait, exc)
+                self._queues.clear()
+                return False
+            for out in outputs:
+                target = self._queues.get(out.request_id)
+                if target is None:
                     continue
+                if out.finished:
+                    del self._queues[out.request_id]
                 try:
-                    outputs = self.engine.step()
-                except BaseException as exc:  # deliver to every waiting stream instead of dying silently
-                    self._error = exc
-                    for loop, q in self._queues.values():
-                        loop.call_soon_threadsafe(q.put_nowait, exc)
-                    self._queues.clear()
-                    return
-                for out in outputs:
-                    target = self._queues.get(out.request_id)
-                    if target is None:
-                        continue
-                    if out.finished:
-                        del self._queues[out.request_id]
-                    try:
-                        target[0].call_soon_threadsafe(target[1].put_nowait, out)
-                    except RuntimeError:  # its event loop is closed (that server stopped): nobody to tell
-                        self._queues.pop(out.request_id, None)
+                    target[0].call_soon_threadsafe(target[1].put_nowait, out)
+                except RuntimeError:  # its event loop is closed (that server stopped): nobody to tell
+                    self._queues.pop(out.request_id, None)
+        return True

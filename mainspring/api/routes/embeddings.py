@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
+from mainspring.compute import compute_thread
 from mainspring.embeddings import MODEL_NAME, EmbeddingModel
 
 router = APIRouter()
@@ -143,7 +143,7 @@ async def get_embedder(request: Request) -> EmbeddingModel:
     async with lock:  # concurrent first requests load the weights once
         if getattr(state, "embedder", None) is None:
             try:
-                state.embedder = await run_in_threadpool(EmbeddingModel.load)
+                state.embedder = await compute_thread().run(EmbeddingModel.load)
             except FileNotFoundError as e:
                 raise HTTPException(status_code=503, detail=f"the embedding model is unavailable: {e}") from e
     return state.embedder
@@ -170,7 +170,8 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Embeddi
             check_lengths(lengths, limit)
         return embedder.embed(texts, max_length=cut), sum(min(n, cut or limit) for n in lengths)
 
-    vectors, tokens = await run_in_threadpool(work)
+    # on the compute thread, with the engines: torch keeps one thread pool per process (mainspring/compute.py)
+    vectors, tokens = await compute_thread().run(work)
     if dims < embedder.dim:  # Matryoshka-style: keep the leading dimensions and renormalize, as OpenAI does
         vectors = F.normalize(vectors[:, :dims], p=2, dim=-1)
     data = [EmbeddingItem(index=i, embedding=e) for i, e in enumerate(encode_vectors(vectors, body.encoding_format))]

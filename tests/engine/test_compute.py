@@ -1,0 +1,113 @@
+"""The compute thread: jobs and every engine's steps run on one thread; a failing engine fails only its own
+requests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from mainspring.compute import ComputeThread, compute_thread
+from mainspring.engine.async_engine import AsyncLLMEngine
+
+
+@dataclass
+class Out:
+    request_id: str
+    finished: bool
+
+
+@dataclass
+class FakeEngine:
+    """TEST-ONLY: an LLMEngine-shaped object; each step advances every request by one output, the last finished."""
+
+    steps_per_request: int = 3
+    fail_on_step: int | None = None
+    threads: set[str] = field(default_factory=set)
+    left: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    tokenizer: object = None
+
+    def add_request(self, prompt, params, request_id, priority, cache_salt) -> str:
+        rid = request_id or f"r{len(self.left)}-{id(prompt)}"
+        self.left[rid] = self.steps_per_request
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return any(self.left.values())
+
+    def abort(self, rid: str) -> None:
+        self.left.pop(rid, None)
+
+    def step(self) -> list[Out]:
+        self.threads.add(threading.current_thread().name)
+        self.steps += 1
+        if self.fail_on_step is not None and self.steps >= self.fail_on_step:
+            raise RuntimeError("the kernel broke")
+        outs = []
+        for rid, n in list(self.left.items()):
+            if n:
+                self.left[rid] = n - 1
+                outs.append(Out(rid, n == 1))
+        return outs
+
+
+def test_jobs_and_steps_of_every_engine_share_one_thread():
+    a, b = FakeEngine(), FakeEngine()
+    ea, eb = AsyncLLMEngine(a), AsyncLLMEngine(b)
+
+    async def main():
+        built_on = await compute_thread().run(lambda: threading.current_thread().name)
+        outs = await asyncio.gather(ea.generate([1]), eb.generate([2]), ea.generate([3]))
+        return built_on, outs
+
+    try:
+        built_on, outs = asyncio.run(main())
+    finally:
+        ea.close(), eb.close()
+    assert all(o.finished for o in outs)
+    assert a.threads == b.threads == {built_on} == {"mainspring-compute"}
+    assert built_on != threading.current_thread().name
+
+
+def test_a_failing_engine_fails_its_requests_and_the_others_go_on():
+    bad, good = FakeEngine(fail_on_step=2), FakeEngine(steps_per_request=5)
+    eb, eg = AsyncLLMEngine(bad), AsyncLLMEngine(good)
+
+    async def main():
+        return await asyncio.gather(eb.generate([1]), eg.generate([2]), return_exceptions=True)
+
+    try:
+        failed, ok = asyncio.run(main())
+    finally:
+        eb.close(), eg.close()
+    assert isinstance(failed, RuntimeError) and "the engine failed" in str(failed)
+    assert isinstance(failed.__cause__, RuntimeError) and str(failed.__cause__) == "the kernel broke"
+    assert ok.finished and good.steps == 5
+    with pytest.raises(RuntimeError, match="engine loop stopped"):
+        asyncio.run(eb.generate([3]))
+
+
+def test_a_job_submitted_from_a_job_runs_at_once_and_errors_reach_the_caller():
+    ct = ComputeThread()
+    assert ct.call(lambda: ct.call(lambda: threading.current_thread().name)) == "mainspring-compute"
+    with pytest.raises(ZeroDivisionError):
+        ct.call(lambda: 1 / 0)
+    assert ct.call(lambda: "still serving") == "still serving"
+
+
+def test_a_closed_engine_is_not_stepped_again():
+    fake = FakeEngine(steps_per_request=1000)
+    eng = AsyncLLMEngine(fake)
+
+    async def main():
+        stream = eng.stream([1])
+        await stream.__anext__()
+        eng.close()
+        return fake.steps
+
+    at_close = asyncio.run(main())
+    compute_thread().call(lambda: None)  # a full round of the compute loop after the close
+    assert fake.steps <= at_close + 1
