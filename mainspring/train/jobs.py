@@ -98,13 +98,21 @@ class FineTuningRunner:
                 self._wake.clear()
                 continue
             self.current = job_id
-            try:
-                self._run(job_id)
-            except Exception as exc:  # a bug here must fail the job, not loop on it or kill the runner
-                log.exception("fine-tuning job %s failed", job_id)
-                job_store.fail(self.db, job_id, "internal_error", f"{type(exc).__name__}: {exc}")
-            finally:
-                self.current = None
+            # each job trains on a thread of its own: torch's thread pool goes with the thread when the job
+            # ends, leaving the serving engines' compute thread the process's only one (mainspring/compute.py)
+            job = threading.Thread(target=self._run_guarded, args=(job_id,), name=f"fine-tuning-{job_id}",
+                                   daemon=True)
+            job.start()
+            job.join()
+
+    def _run_guarded(self, job_id: str) -> None:
+        try:
+            self._run(job_id)
+        except Exception as exc:  # a bug here must fail the job, not loop on it or kill the runner
+            log.exception("fine-tuning job %s failed", job_id)
+            job_store.fail(self.db, job_id, "internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.current = None
 
     def _next(self) -> str | None:
         with session(self.db, readonly=True) as s:
