@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents import charges, journal, writes
+from mainspring.agents import charges, journal, output, writes
 from mainspring.agents.context import CHARS_PER_TOKEN, Prompt, build_prompt, needs_compaction, summarize
 from mainspring.agents.journal import LeaseLost, RunState
 from mainspring.agents.status import RunStatus, ToolCallStatus
@@ -267,10 +267,18 @@ class RunLoop:
             state.steps.append(journal.record_compaction(self.batch, state.next_seq, summary, through))
             await self._commit()
             return True  # rebuild the messages with the summary in place
-        wrap_up = run.step_count >= limits.max_steps - 1
-        tools = [] if wrap_up else [openai_schema(env.tools[n]) for n in state.spec.tools if n in env.tools]
-        if wrap_up:
+        schema = output.schema_of(state)
+        refused = output.refused_answer(state)  # why the schema refused the last answer: this is the finalize step
+        finalizing = refused is not None
+        wrap_up = not finalizing and run.step_count >= limits.max_steps - 1
+        tools = [] if wrap_up or finalizing else [openai_schema(env.tools[n]) for n in state.spec.tools
+                                                  if n in env.tools]
+        if refused is not None:
+            prompt = prompt.plus(output.finalize_message(state, refused))
+        elif wrap_up:
             prompt = prompt.plus({"role": "user", "content": WRAP_UP})
+        # a call that offers no tools can only answer: constrained to the schema from the first such call
+        response_format = output.response_format(schema) if schema is not None and not tools else None
         if self._over_budget(state, prompt):
             state.run = await self._write(self._fresh_run)  # the budget may have been raised meanwhile
             if self._over_budget(state, prompt):
@@ -278,9 +286,12 @@ class RunLoop:
                 return False
         step = journal.begin_step(self.batch, state, state.next_seq if state.open_step is None else
                                  state.open_step.seq, "model", prompt.input_hash(tools))
+        if refused is not None and step.attempts == 1:  # a retry after a crash has noted it already
+            output.note_finalize(self.batch, state, refused)
         await self._commit()  # with the last call's result: one transaction, before the model is called
         try:
-            completion, charged_u = await self._chat(state, step.id, prompt.messages, tools, prompt.tokens())
+            completion, charged_u = await self._chat(state, step.id, prompt.messages, tools, prompt.tokens(),
+                                                     response_format)
         except charges.KeyBudgetExceeded as exc:  # the key's or project's budget: paused as by the run's own
             charges.note_refusal(self.batch, exc)
             await self._park("budget")
@@ -292,17 +303,20 @@ class RunLoop:
             await self._finish(RunStatus.FAILED, error=str(exc), stop_reason="model_error")
             return False
         message = completion.to_message()
-        if wrap_up:
+        if wrap_up or finalizing:  # offered no tools: whatever it calls, this answer ends the run
             message.pop("tool_calls", None)
         # the agent's name for its model when the sheet prices it ("default" is not), else the one that answered
         cost = charged_u if charged_u is not None else (
             env.price(state.spec.model, completion.usage) or env.price(completion.model, completion.usage))
-        # queued: committed with the first call's start (or with the ending), before either happens
+        # queued: committed with the first call's start (or the ending, or the finalize step), before either happens
         calls = journal.complete_model_step(self.batch, state, step, message, completion.usage, cost,
                                             set(state.spec.tools) & set(env.tools))
         if not calls:
-            journal.finish_run(self.batch, state.run, RunStatus.SUCCEEDED, result=completion.text,
-                               stop_reason="max_steps" if wrap_up else "final_answer")
+            ending = output.ending(state, completion.text, wrap_up, finalizing)
+            if ending is None:
+                return True  # refused: queued, committed with the finalize step's start (output.refused_answer)
+            status, how = ending
+            journal.finish_run(self.batch, state.run, status, **how)
             await self._commit()
             return False
         return True
@@ -321,7 +335,7 @@ class RunLoop:
         return False
 
     async def _chat(self, state: RunState, step_id: str, messages: list[dict], tools: list[dict],
-                    prompt_tokens: int) -> tuple[Completion, int | None]:
+                    prompt_tokens: int, response_format: dict | None = None) -> tuple[Completion, int | None]:
         """The model's answer, and its cost when it was charged to the run's key's ledger (charges.py): the
         call's worst case is held against the key's and project's budgets first (KeyBudgetExceeded if they cannot
         cover it), and settled to its cost after; a call that ends without an answer releases its hold."""
@@ -334,7 +348,7 @@ class RunLoop:
             charge = await env.call(charges.reserve, env.meter, state.run, step_id,
                                     (state.spec.model, served_as), input_tokens, limits.max_tokens)
         try:
-            completion = await self._ask(state, model, messages, tools)
+            completion = await self._ask(state, model, messages, tools, response_format)
         except BaseException:
             if charge is not None:  # shielded: a cancel (pause, shutdown) must not leave the hold behind
                 try:
@@ -347,7 +361,8 @@ class RunLoop:
         # priced as the step's cost is without a meter: the agent's name for its model, else the one that answered
         return completion, await env.call(charges.settle, charge, (state.spec.model, completion.model), completion)
 
-    async def _ask(self, state: RunState, model: ChatModel, messages: list[dict], tools: list[dict]) -> Completion:
+    async def _ask(self, state: RunState, model: ChatModel, messages: list[dict], tools: list[dict],
+                   response_format: dict | None = None) -> Completion:
         from mainspring.models import UpstreamError
 
         limits = state.spec.limits
@@ -355,8 +370,9 @@ class RunLoop:
         for attempt in range(limits.model_retries + 1):
             try:
                 return await asyncio.wait_for(
-                    model.chat(messages, tools=tools or None, max_tokens=limits.max_tokens,
-                               temperature=state.spec.temperature), limits.step_timeout_s)
+                    model.chat(messages, tools=tools or None, response_format=response_format,
+                               max_tokens=limits.max_tokens, temperature=state.spec.temperature),
+                    limits.step_timeout_s)
             except asyncio.TimeoutError:
                 last = f"model call timed out after {limits.step_timeout_s:g}s"
             except UpstreamError as exc:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_INSTRUCTIONS = (
     "You are a careful agent. Work towards the user's goal step by step. Call a tool when you need "
@@ -40,3 +42,18 @@ class AgentSpec(BaseModel):
     tools: list[str] = Field(default_factory=list)
     temperature: float = Field(0.0, ge=0, le=2)
     limits: AgentLimits = Field(default_factory=AgentLimits)
+    output_schema: dict[str, Any] | None = Field(
+        None, description="a JSON Schema (2020-12) the final answer must meet; the run's result is then its "
+                          "canonical JSON (agents/output.py)")
+
+    @field_validator("output_schema")
+    @classmethod
+    def _is_json_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        # checked when the agent is put, not when its first run ends: a 400 at once instead of failed runs later
+        if schema is not None:
+            try:
+                Draft202012Validator.check_schema(schema)
+            except SchemaError as exc:
+                where = "".join(f"/{p}" for p in exc.absolute_path) or "/"
+                raise ValueError(f"not a valid JSON Schema: {exc.message} (at {where})") from None
+        return schema

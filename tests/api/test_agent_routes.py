@@ -432,6 +432,8 @@ def test_errors_are_openai_error_bodies(srv):
     assert "rm_rf" in unknown_tool["message"] and "echo" in unknown_tool["message"]
     assert error(srv.http.post("/v1/agents", json={"name": "bad name!"}), 400)["param"] == "name"
     assert error(srv.http.post("/v1/agents", json={"name": "x", "colour": "red"}), 400)["param"] == "colour"
+    bad_schema = error(srv.http.post("/v1/agents", json={"name": "x", "output_schema": {"type": "nope"}}), 400)
+    assert bad_schema["param"] == "output_schema" and "not a valid JSON Schema" in bad_schema["message"]
     assert error(srv.http.get("/v1/runs", params={"status": "sleeping"}), 400)["param"] == "status"
     forever = srv.http.post("/v1/agents", json={"name": "x", "limits": {"max_wall_s": 1e12}})
     assert error(forever, 400)["param"] == "limits.max_wall_s"  # its deadline would overflow the worker's clock
