@@ -82,6 +82,8 @@ class Settings(BaseSettings):
         default_factory=list, description='server folders runs may attach paths under, as JSON: \'["/srv/docs"]\'; '
         "empty = only files uploaded through /v1/files (by id); the data directory is never attachable")
     agent_workspace_copy_mb: int = Field(32, ge=1, description="run workspace copied into each code tool job")
+    plan_max_running: int = Field(16, ge=1, description="tasks of all plans in flight at once, deployment-wide "
+                                  "(the one plan scheduler dispatches up to this many runs)")
 
     finetuned_dir: str = Field("", description="fine-tuned models served by the API, one Hugging Face folder each "
                                "named by its model id (ft:...); empty = <data_dir>/finetuned")

@@ -63,10 +63,14 @@ class Server:
     def events(self, run_id: str, after: int = 0) -> Iterator[dict]:
         """The run's events after `after`, live, until the run has ended; a dropped connection is resumed
         from the last event received, so nothing is missed or repeated."""
+        return self.follow_events(f"/v1/runs/{run_id}/events", run_id, after)
+
+    def follow_events(self, path: str, what: str, after: int = 0) -> Iterator[dict]:
+        """A resumable SSE stream of events with ids (a run's, a plan's) after `after`, until it ends."""
         cursor, failures = after, 0
         while True:
             try:
-                with self.http.stream("GET", f"/v1/runs/{run_id}/events",
+                with self.http.stream("GET", path,
                                       headers={"Accept": "text/event-stream", "Last-Event-ID": str(cursor)},
                                       timeout=httpx.Timeout(30, read=60)) as r:
                     if r.status_code >= 400:
@@ -81,7 +85,7 @@ class Server:
                     self.unreachable()
             except (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError) as exc:
                 if failures >= RECONNECTS:
-                    fail(f"lost the event stream of {run_id}: {exc}")
+                    fail(f"lost the event stream of {what}: {exc}")
             failures += 1
             time.sleep(backoff_delay(failures, 0.25, 5))
 

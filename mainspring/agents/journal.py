@@ -55,7 +55,8 @@ def put_agent(db: str, spec: AgentSpec, project_id: int | None = None) -> AgentR
         latest = s.scalars(select(AgentRow).where(AgentRow.name == spec.name,
                                                   project_is(AgentRow.project_id, project_id))
                            .order_by(AgentRow.version.desc()).limit(1)).first()
-        if latest is not None and latest.spec_json == body:
+        # compared as specs, not text: a version stored before a field was added is unchanged by the new default
+        if latest is not None and AgentSpec.model_validate_json(latest.spec_json) == spec:
             return latest
         version = latest.version + 1 if latest else 1
         suffix = "" if project_id is None else f"_p{project_id}"
@@ -75,9 +76,12 @@ def agent_spec(s: Session, agent_id: str) -> AgentSpec:
 def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = None, priority: int = 0,
                token_budget: int | None = None, cost_budget_u: int | None = None,
                attachments: dict[str, str] | None = None, project_id: int | None = None,
-               api_key_id: str | None = None) -> RunRow:
+               api_key_id: str | None = None, run_id: str | None = None,
+               output_schema: dict | None = None) -> RunRow:
     """A queued run of agent `agent_id` in project `project_id`, created by key `api_key_id` (whose ledger and
-    budgets its model calls use); its thread must be the project's own."""
+    budgets its model calls use); its thread must be the project's own. `run_id` is for a caller that wrote the
+    id down before creating the run (the plan scheduler), so a crash in between cannot make two runs.
+    `output_schema` is the JSON Schema its final answer must meet, over its agent's (a plan task's artifact)."""
     with session(db) as s:
         spec = agent_spec(s, agent_id)
         if thread_id is None:
@@ -91,12 +95,14 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
 
         limits = spec.limits
         run = RunRow(
-            id=new_id("run_"), project_id=project_id, api_key_id=api_key_id, thread_id=thread_id,
+            id=run_id or new_id("run_"), project_id=project_id, api_key_id=api_key_id, thread_id=thread_id,
             agent_id=agent_id, goal=goal, priority=priority,
             token_budget=token_budget if token_budget is not None else limits.token_budget,
             cost_budget_u=cost_budget_u if cost_budget_u is not None else (
                 usd_to_micro(limits.cost_budget_usd) if limits.cost_budget_usd else None),
-            attachments_json=json.dumps(attachments or {}), status=RunStatus.QUEUED,
+            attachments_json=json.dumps(attachments or {}),
+            output_schema_json=json.dumps(output_schema) if output_schema is not None else None,
+            status=RunStatus.QUEUED,
             cancel_requested=False, pause_requested=False, attempt=0, step_count=0, prompt_tokens=0,
             completion_tokens=0, cached_tokens=0, cost_u=0, created_at=now(), updated_at=now(),
         )
@@ -134,7 +140,10 @@ class RunState:
 def load_state(db: str, run_id: str) -> RunState:
     with session(db, readonly=True) as s:
         run = get_run(s, run_id)
-        state = RunState(run=run, spec=agent_spec(s, run.agent_id))
+        spec = agent_spec(s, run.agent_id)
+        if run.output_schema_json is not None:  # the run's own schema (a plan task's) over its agent's
+            spec = spec.model_copy(update={"output_schema": json.loads(run.output_schema_json)})
+        state = RunState(run=run, spec=spec)
         for st in s.scalars(select(StepRow).where(StepRow.run_id == run_id).order_by(StepRow.seq)):
             if st.status == StepStatus.COMPLETED:
                 state.steps.append(st)

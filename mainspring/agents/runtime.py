@@ -23,6 +23,9 @@ from mainspring.agents.attachments import AttachmentPolicy
 from mainspring.agents.event_bus import EventBus
 from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.loop import ModelResolver
+from mainspring.agents.plans import store as plan_store
+from mainspring.agents.plans.scheduler import PlanScheduler
+from mainspring.agents.plans.service import Plans
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.status import InterruptStatus
 from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, InterruptRow, RunRow, StepRow,
@@ -68,6 +71,9 @@ class AgentRuntime:
         self.worker = Worker(self.db, models=models, tools=self.tools, data_dir=settings.data_dir,
                              capacity=settings.agent_max_runs, lease_s=settings.agent_lease_s, sandbox=sandbox,
                              price=list_price(settings.prices_file))
+        # the plan scheduler of this process: acts while it holds the deployment's lease (agents/plans/leader.py)
+        self.scheduler = PlanScheduler(self.db, self.worker.owner, max_running=settings.plan_max_running,
+                                       lease_s=min(settings.agent_lease_s, 10.0), notify=self.worker.notify)
         self.event_bus = EventBus(self.db)  # wakes the SSE followers of runs (api/routes/runs.py)
         self.attachments = AttachmentPolicy.from_settings(settings)
         self.worker.env.attachments = self.attachments
@@ -90,9 +96,20 @@ class AgentRuntime:
 
     async def start(self) -> None:
         await self.worker.start()
+        await self.scheduler.start()
 
     async def stop(self) -> None:
+        await self.scheduler.stop()
         await self.worker.stop()
+
+    @property
+    def plans(self) -> Plans:
+        """Plans (task graphs of agent runs) as this scope sees them."""
+        return Plans(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id, self.scope.api_key_id,
+                     set(self.tools), wake=self.scheduler_wake)
+
+    def scheduler_wake(self) -> None:
+        self.worker.soon(self.scheduler.wake)  # the scheduler's event belongs to the worker's event loop
 
     def _of_run(self, s: Session, table: type, row_id: str, what: str) -> Any:
         """Row `row_id` of a table hanging off runs (interrupts, artifacts), when its run is the scope's."""

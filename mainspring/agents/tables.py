@@ -71,6 +71,8 @@ class RunRow(Base):
     cost_budget_u: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     attachments_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # the JSON Schema its final answer must meet, over its agent's output_schema (a plan task's artifact schema)
+    output_schema_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

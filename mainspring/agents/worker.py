@@ -76,7 +76,7 @@ class Worker:
         self.env.committer = writes.Committer(self.env.db, self.owner, self.env.executor)
         self._main = asyncio.create_task(self._run(), name="agent-worker")
 
-    def _soon(self, fn, *args) -> None:
+    def soon(self, fn, *args) -> None:
         """Run `fn` on the worker's event loop: callers may be request threads."""
         if self._loop is None or self._loop.is_closed():
             return
@@ -91,7 +91,7 @@ class Worker:
 
     def notify(self) -> None:
         """Something became runnable (a new run, a resolved interrupt): look now rather than at the next poll."""
-        self._soon(self._wake.set)
+        self.soon(self._wake.set)
 
     async def stop(self) -> None:
         """Stop driving runs; their journals stay as they are and the next worker picks them up."""
@@ -110,7 +110,7 @@ class Worker:
     def interrupt(self, run_id: str, order: str, cut: bool = True) -> None:
         """Stop a run this worker drives (order: cancel | pause): at once, cutting the step in flight, or
         (cut=False) at its next step boundary."""
-        self._soon(self._interrupt, run_id, order, cut)
+        self.soon(self._interrupt, run_id, order, cut)
 
     def _interrupt(self, run_id: str, order: str, cut: bool) -> None:
         entry = self.loops.get(run_id)

@@ -20,10 +20,10 @@ def api_router() -> APIRouter:
     """Every /v1 route, each behind `hooks.authenticate`."""
     # imported here: they import this module
     from mainspring.api.routes import chat, completions, embeddings, messages, models, usage
-    from mainspring.api.routes import agents, batches, files, fine_tuning, graders, responses, runs
+    from mainspring.api.routes import agents, batches, files, fine_tuning, graders, plans, responses, runs
 
     router = APIRouter(dependencies=[Depends(_authenticate)])
     for module in (models, chat, completions, messages, embeddings, usage, files, batches, fine_tuning, graders,
-                   agents, runs, responses):
+                   agents, runs, plans, responses):
         router.include_router(module.router)
     return router

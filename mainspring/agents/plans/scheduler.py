@@ -1,0 +1,226 @@
+"""The plan scheduler: decides which ready task runs next, and turns each task into an ordinary durable run.
+
+Every server process runs one; only the holder of the "plan-scheduler" lease acts (leader.py), the others
+stand by. A tick of the leader:
+1. reconcile: each dispatched or running task looks at its run. A finished run completes the task with its
+   result (the artifact, checked against the task's schema by the store) or fails it with the run's error;
+   a dispatched task whose run row is missing (the leader died between writing the run id down and creating
+   the run) gets its run now, under that same id; a cancelled task's run that still goes on is cancelled.
+2. dispatch: while fewer than `max_running` tasks are in flight, the next ready task is taken by priority
+   (plan priority, then task priority), and among equal priority from the project with the fewest tasks in
+   flight (fair share: one project's 500 ready tasks do not starve another's 5), oldest first within it.
+   The task is marked dispatched with a fresh run id (the guarded update: exactly one scheduler wins it),
+   then the run is created with that id. The workers of every process claim runs as they always do: the only
+   runs of a plan are those the scheduler created.
+
+A run's goal is the task's prompt ({goal} and {item} filled in) followed by each upstream artifact whole, as
+the exact canonical JSON the upstream stored, with its sha256: no summary between stages. A task with an
+output_schema runs with that schema as the run's own, so its final answer is checked JSON (agents/output.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sqlalchemy import func, select
+
+from mainspring.agents import control, journal
+from mainspring.agents.journal import JournalError, project_is
+from mainspring.agents.plans import leader, store
+from mainspring.agents.plans.spec import PlanError, TaskSpec
+from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
+from mainspring.agents.status import TERMINAL, RunStatus
+from mainspring.agents.tables import AgentRow, RunRow
+from mainspring.store.db import session
+from mainspring.store.ids import new_id
+
+log = logging.getLogger("mainspring.plans")
+
+IN_FLIGHT = (TaskStatus.DISPATCHED, TaskStatus.RUNNING)
+
+
+@dataclass
+class TickReport:
+    leader: bool = False
+    term: int | None = None
+    completed: int = 0
+    failed: int = 0
+    dispatched: int = 0
+    recreated: int = 0
+
+
+def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
+    """The run's goal: the prompt, then every input artifact verbatim with its hash."""
+    text = spec.prompt.replace("{goal}", inputs["goal"])
+    if "item_json" in inputs:
+        text = text.replace("{item}", inputs["item_json"])
+    parts = [text]
+    if "{goal}" not in spec.prompt:
+        parts.append(f"The plan's goal: {inputs['goal']}")
+    if "item_json" in inputs and "{item}" not in spec.prompt:
+        parts.append(f'<item index="{inputs["item_index"]}" sha256="{inputs["item_sha256"]}">\n'
+                     f'{inputs["item_json"]}\n</item>')
+    for key, body in inputs["upstream_json"].items():
+        parts.append(f'<artifact task="{key}" sha256="{inputs["hashes"][key]}">\n{body}\n</artifact>')
+    return "\n\n".join(parts)
+
+
+class PlanScheduler:
+    def __init__(self, db: str, owner: str, *, max_running: int = 8, lease_s: float = 10.0, poll_s: float = 0.5,
+                 notify: Callable[[], None] = lambda: None) -> None:
+        self.db, self.owner = db, owner
+        self.max_running, self.lease_s, self.poll_s = max_running, lease_s, poll_s
+        self.notify = notify  # the local worker: a new run is there to claim
+        self._main: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._main = asyncio.create_task(self._run(), name="plan-scheduler")
+
+    async def stop(self) -> None:
+        if self._main:
+            self._main.cancel()
+            await asyncio.gather(self._main, return_exceptions=True)
+            self._main = None
+        try:
+            await asyncio.to_thread(leader.release, self.db, leader.SCHEDULER_LEASE, self.owner)
+        except Exception:  # shutting down: the lease then runs out by itself
+            log.exception("plan scheduler: could not release the lease")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.tick)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database hiccup must not stop scheduling
+                log.exception("plan scheduler tick failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- one tick ------------------------------------------------------------------------------------------
+    def tick(self) -> TickReport:
+        report = TickReport()
+        report.term = leader.hold(self.db, leader.SCHEDULER_LEASE, self.owner, self.lease_s)
+        if report.term is None:
+            return report
+        report.leader = True
+        self._reconcile(report)
+        self._dispatch(report)
+        if report.dispatched or report.recreated:
+            self.notify()
+        return report
+
+    def _reconcile(self, report: TickReport) -> None:
+        with session(self.db, readonly=True) as s:
+            rows = s.execute(select(PlanTaskRow, RunRow).outerjoin(RunRow, RunRow.id == PlanTaskRow.run_id)
+                             .where(PlanTaskRow.status.in_([*IN_FLIGHT, TaskStatus.CANCELLED]),
+                                    PlanTaskRow.run_id.is_not(None))).all()
+        for task, run in rows:
+            try:
+                if task.status == TaskStatus.CANCELLED:
+                    if run is not None and run.status not in TERMINAL:
+                        control.request(self.db, run.id, "cancel", actor="plan")
+                elif run is None:
+                    self._create_run(task, task.run_id)
+                    report.recreated += 1
+                elif run.status == RunStatus.SUCCEEDED:
+                    done = store.complete_task(self.db, task.id, self._artifact(task, run))
+                    if done.status == TaskStatus.SUCCEEDED:
+                        report.completed += 1
+                    else:
+                        report.failed += 1
+                elif run.status in TERMINAL:
+                    reason = run.error or run.stop_reason or run.status
+                    store.fail_task(self.db, task.id, f"run {run.id} {run.status}: {reason}")
+                    report.failed += 1
+                elif task.status == TaskStatus.DISPATCHED and run.status != RunStatus.QUEUED:
+                    store.mark_running(self.db, task.id)
+            except (PlanError, JournalError) as exc:  # a person changed it meanwhile: the next tick sees it
+                log.info("plan task %s: %s", task.key, exc)
+
+    def _artifact(self, task: PlanTaskRow, run: RunRow) -> Any:
+        """The run's result as the task's artifact: JSON when the task declares a schema, else the text."""
+        if self._spec(task).output_schema is None:
+            return run.result or ""
+        try:
+            return json.loads(run.result or "")
+        except json.JSONDecodeError:
+            return run.result  # the store's schema check fails it with the reason
+
+    def _spec(self, task: PlanTaskRow) -> TaskSpec:
+        with session(self.db, readonly=True) as s:
+            plan = s.get(PlanRow, task.plan_id)
+            assert plan is not None
+        return next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
+
+    def _dispatch(self, report: TickReport) -> None:
+        with session(self.db, readonly=True) as s:
+            in_flight = Counter(dict(s.execute(
+                select(PlanTaskRow.project_id, func.count()).where(PlanTaskRow.status.in_(IN_FLIGHT))
+                .group_by(PlanTaskRow.project_id)).all()))
+        free = self.max_running - sum(in_flight.values())
+        if free <= 0:
+            return
+        for task in self._next_tasks(free, in_flight):
+            run_id = new_id("run_")
+            try:
+                store.mark_dispatched(self.db, task.id, run_id)
+            except PlanError:  # another scheduler took it, or a person cancelled it
+                continue
+            try:
+                self._create_run(task, run_id)
+            except (PlanError, JournalError) as exc:  # e.g. its agent was deleted: the task fails with why
+                store.fail_task(self.db, task.id, f"cannot start the task's run: {exc}")
+                continue
+            report.dispatched += 1
+
+    def _next_tasks(self, free: int, in_flight: Counter) -> list[PlanTaskRow]:
+        """Up to `free` ready tasks: by priority, then the project with fewest in flight, then oldest."""
+        with session(self.db, readonly=True) as s:
+            projects = list(s.scalars(
+                select(PlanTaskRow.project_id).join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
+                .where(PlanTaskRow.status == TaskStatus.READY, PlanRow.status == PlanStatus.RUNNING).distinct()))
+            pool: list[PlanTaskRow] = []
+            for project in projects:  # each project's best `free`: enough whichever project wins each turn
+                pool += s.scalars(
+                    select(PlanTaskRow).join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
+                    .where(PlanTaskRow.status == TaskStatus.READY, PlanRow.status == PlanStatus.RUNNING,
+                           project_is(PlanTaskRow.project_id, project))
+                    .order_by(PlanTaskRow.priority.desc(), PlanTaskRow.ready_at,
+                              func.coalesce(PlanTaskRow.item_index, -1), PlanTaskRow.id).limit(free)).all()
+        counts = Counter(in_flight)
+        chosen: list[PlanTaskRow] = []
+        while pool and len(chosen) < free:
+            top = max(t.priority for t in pool)
+            pick = min((t for t in pool if t.priority == top), key=lambda t: counts[t.project_id])
+            chosen.append(pick)
+            pool.remove(pick)
+            counts[pick.project_id] += 1
+        return chosen
+
+    def _create_run(self, task: PlanTaskRow, run_id: str) -> None:
+        with session(self.db, readonly=True) as s:
+            plan = s.get(PlanRow, task.plan_id)
+            assert plan is not None
+            spec = next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
+            agent_id = s.scalars(select(AgentRow.id).where(AgentRow.name == spec.agent,
+                                                           project_is(AgentRow.project_id, plan.project_id))
+                                 .order_by(AgentRow.version.desc())).first()
+            if agent_id is None:
+                raise PlanError(f"no agent {spec.agent!r} in the plan's project")
+        goal = render_goal(spec, store.task_inputs(self.db, task.id))
+        journal.create_run(self.db, agent_id, goal, priority=task.priority, project_id=plan.project_id,
+                           api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema)

@@ -1,0 +1,135 @@
+"""Durable plan state: plans, their tasks (one row per TaskSpec, plus one per fan-out item), the plan event
+stream, and the leader lease of the one plan scheduler per deployment.
+
+A plan survives a crash because every transition (plans/store.py) is one transaction over these rows that also
+appends its plan_events. Mapped on the store's Base, collected for Alembic by mainspring/schema.py, migrated by
+0006_plans.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from mainspring.agents import tables as _agent_tables  # noqa: F401  (the runs plan tasks refer to)
+from mainspring.store.base import Base, UTCDateTime, utcnow
+
+
+class PlanStatus(StrEnum):
+    AWAITING_APPROVAL = "awaiting_approval"  # approve_plan: no task starts before a human approves
+    RUNNING = "running"
+    PAUSED = "paused"  # nothing new is dispatched; tasks in flight finish and are recorded
+    SUCCEEDED = "succeeded"  # every task succeeded or was skipped
+    FAILED = "failed"  # a task failed (on_failure "fail" at once; otherwise once nothing else can run)
+    CANCELLED = "cancelled"
+
+
+PLAN_TERMINAL = frozenset({PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED})
+
+
+class TaskStatus(StrEnum):
+    WAITING = "waiting"  # for its dependencies
+    READY = "ready"  # the scheduler may dispatch it
+    DISPATCHED = "dispatched"  # a run was created for it (run_id)
+    RUNNING = "running"  # its run started; a fan-out task: its items are being worked on
+    AWAITING_APPROVAL = "awaiting_approval"  # requires_approval: dependencies done, a human decides
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # on_failure "skip": dependents go on with the artifact null
+    CANCELLED = "cancelled"  # the plan ended first, or an upstream task failed
+
+
+TASK_TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED})
+TASK_DONE = frozenset({TaskStatus.SUCCEEDED, TaskStatus.SKIPPED})  # what lets dependents go on
+NOT_STARTED = frozenset({TaskStatus.WAITING, TaskStatus.READY, TaskStatus.AWAITING_APPROVAL})
+
+
+class PlanRow(Base):
+    __tablename__ = "plans"
+    __table_args__ = (Index("ix_plans_project_created", "project_id", "created_at"),
+                      Index("ix_plans_status_priority", "status", "priority"))
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "plan_<hex>"
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)  # None: anonymous
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)  # its runs charge it
+    name: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    goal: Mapped[str] = mapped_column(Text)
+    spec_json: Mapped[str] = mapped_column(Text)  # the PlanSpec as accepted, never changed
+    status: Mapped[str] = mapped_column(String(24), default=PlanStatus.RUNNING.value)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cost_budget_u: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # micro-USD
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)  # rolled up from the tasks' runs
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_u: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class PlanTaskRow(Base):
+    """One TaskSpec of a plan, or one item of a fan-out task ("key[3]", created when the list it maps over is
+    known). `priority` is the plan's priority * 1000 + the task's (|task priority| <= 499), so one ORDER BY ranks
+    tasks across plans, plan priority first. `input_json` is the canonical JSON of what the run was given at
+    dispatch (goal, prompt, item; an item's own {"item": …} from its creation until then) and `input_hashes_json`
+    the sha256 of each upstream artifact it read, by task key (the artifacts themselves stay in their own rows,
+    which never change once succeeded)."""
+
+    __tablename__ = "plan_tasks"
+    __table_args__ = (UniqueConstraint("plan_id", "key"),
+                      Index("ix_plan_tasks_status_priority", "status", "priority"),
+                      Index("ix_plan_tasks_plan_status", "plan_id", "status"))
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "ptask_<hex>"
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)  # the plan's
+    key: Mapped[str] = mapped_column(String(96))  # the TaskSpec id; a fan-out item "key[3]"
+    spec_key: Mapped[str] = mapped_column(String(64))  # the TaskSpec id, items included
+    item_index: Mapped[int | None] = mapped_column(Integer, nullable=True)  # a fan-out item's place in the list
+    status: Mapped[str] = mapped_column(String(24), default=TaskStatus.WAITING.value)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)  # 1 on the first run; retries add one
+    # the current attempt's run; no foreign key: the id is written down before the run is created (scheduler.py)
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    input_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    input_hashes_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    artifact_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # canonical JSON (spec.artifact_bytes)
+    artifact_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PlanEventRow(Base):
+    """Append-only per plan; `seq` counts from 1 in each plan, so a follower resumes with after=seq."""
+
+    __tablename__ = "plan_events"
+    __table_args__ = (UniqueConstraint("plan_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(64))  # plan.created, task.ready, task.dispatched, ...
+    task_key: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    data_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class LeaderLeaseRow(Base):
+    """Who is the one scheduler ("plan-scheduler") until `expires_at`; `term` grows on every change of owner,
+    so a deposed leader's late writes can be told apart."""
+
+    __tablename__ = "leader_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))  # host:pid:nonce, as agents.leases
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    term: Mapped[int] = mapped_column(Integer, default=1)
