@@ -73,7 +73,8 @@ class AgentRuntime:
                              price=list_price(settings.prices_file))
         # the plan scheduler of this process: acts while it holds the deployment's lease (agents/plans/leader.py)
         self.scheduler = PlanScheduler(self.db, self.worker.owner, max_running=settings.plan_max_running,
-                                       lease_s=min(settings.agent_lease_s, 10.0), notify=self.worker.notify)
+                                       lease_s=min(settings.agent_lease_s, 10.0), notify=self.worker.notify,
+                                       pause=lambda run_id: self.worker.interrupt(run_id, "pause", cut=False))
         self.event_bus = EventBus(self.db)  # wakes the SSE followers of runs (api/routes/runs.py)
         self.attachments = AttachmentPolicy.from_settings(settings)
         self.worker.env.attachments = self.attachments

@@ -12,6 +12,10 @@ stand by. A tick of the leader:
    The task is marked dispatched with a fresh run id (the guarded update: exactly one scheduler wins it),
    then the run is created with that id. The workers of every process claim runs as they always do: the only
    runs of a plan are those the scheduler created.
+3. preempt: when every slot is taken and a waiting task outranks the lowest-priority running one, that one is
+   marked preempted and its run paused at its next step boundary (the journal keeps every completed step);
+   the slot goes to the waiting task at once. A preempted task whose run has paused competes for slots like a
+   ready one, and winning one resumes its run, which goes on from its last completed step.
 
 A run's goal is the task's prompt ({goal} and {item} filled in) followed by each upstream artifact whole, as
 the exact canonical JSON the upstream stored, with its sha256: no summary between stages. A task with an
@@ -27,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 
 from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
@@ -41,7 +45,8 @@ from mainspring.store.ids import new_id
 
 log = logging.getLogger("mainspring.plans")
 
-IN_FLIGHT = (TaskStatus.DISPATCHED, TaskStatus.RUNNING)
+IN_FLIGHT = (TaskStatus.DISPATCHED, TaskStatus.RUNNING)  # what takes a slot (a preempted task gave its slot up)
+ACTOR = "plan-scheduler"
 
 
 @dataclass
@@ -52,6 +57,8 @@ class TickReport:
     failed: int = 0
     dispatched: int = 0
     recreated: int = 0
+    preempted: int = 0
+    resumed: int = 0
 
 
 def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
@@ -72,10 +79,14 @@ def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
 
 class PlanScheduler:
     def __init__(self, db: str, owner: str, *, max_running: int = 8, lease_s: float = 10.0, poll_s: float = 0.5,
-                 notify: Callable[[], None] = lambda: None) -> None:
+                 notify: Callable[[], None] = lambda: None,
+                 pause: Callable[[str], None] = lambda run_id: None) -> None:
         self.db, self.owner = db, owner
         self.max_running, self.lease_s, self.poll_s = max_running, lease_s, poll_s
         self.notify = notify  # the local worker: a new run is there to claim
+        # the local worker: pause this run at its next step boundary now (another process's worker reads the
+        # journaled request at its next heartbeat)
+        self.pause = pause
         self._main: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
@@ -119,14 +130,17 @@ class PlanScheduler:
         report.leader = True
         self._reconcile(report)
         self._dispatch(report)
-        if report.dispatched or report.recreated:
+        if self._preempt(report):
+            self._dispatch(report)
+        if report.dispatched or report.recreated or report.resumed:
             self.notify()
         return report
 
     def _reconcile(self, report: TickReport) -> None:
         with session(self.db, readonly=True) as s:
             rows = s.execute(select(PlanTaskRow, RunRow).outerjoin(RunRow, RunRow.id == PlanTaskRow.run_id)
-                             .where(PlanTaskRow.status.in_([*IN_FLIGHT, TaskStatus.CANCELLED]),
+                             .where(PlanTaskRow.status.in_([*IN_FLIGHT, TaskStatus.PREEMPTED,
+                                                            TaskStatus.CANCELLED]),
                                     PlanTaskRow.run_id.is_not(None))).all()
         for task, run in rows:
             try:
@@ -166,15 +180,21 @@ class PlanScheduler:
             assert plan is not None
         return next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
 
-    def _dispatch(self, report: TickReport) -> None:
+    def _in_flight(self) -> Counter:
         with session(self.db, readonly=True) as s:
-            in_flight = Counter(dict(s.execute(
+            return Counter(dict(s.execute(
                 select(PlanTaskRow.project_id, func.count()).where(PlanTaskRow.status.in_(IN_FLIGHT))
                 .group_by(PlanTaskRow.project_id)).all()))
+
+    def _dispatch(self, report: TickReport) -> None:
+        in_flight = self._in_flight()
         free = self.max_running - sum(in_flight.values())
         if free <= 0:
             return
         for task in self._next_tasks(free, in_flight):
+            if task.status == TaskStatus.PREEMPTED:
+                self._resume(task, report)
+                continue
             run_id = new_id("run_")
             try:
                 store.mark_dispatched(self.db, task.id, run_id)
@@ -187,17 +207,58 @@ class PlanScheduler:
                 continue
             report.dispatched += 1
 
-    def _next_tasks(self, free: int, in_flight: Counter) -> list[PlanTaskRow]:
-        """Up to `free` ready tasks: by priority, then the project with fewest in flight, then oldest."""
+    def _resume(self, task: PlanTaskRow, report: TickReport) -> None:
+        """A preempted task's turn again: its run first (a crash between the two leaves a running run of a
+        preempted task, recorded when it ends), then the task."""
+        try:
+            control.request(self.db, task.run_id, "resume", actor=ACTOR)
+            store.resume_task(self.db, task.id)
+        except (PlanError, JournalError) as exc:
+            log.info("plan task %s: not resumed: %s", task.key, exc)
+            return
+        report.resumed += 1
+
+    def _preempt(self, report: TickReport) -> bool:
+        """With every slot taken, pause the lowest-priority running task for a waiting one that outranks it."""
+        in_flight = self._in_flight()
+        if sum(in_flight.values()) < self.max_running:
+            return False
+        waiting = self._next_tasks(1, in_flight)
+        if not waiting:
+            return False
         with session(self.db, readonly=True) as s:
+            victim = s.scalars(select(PlanTaskRow).join(RunRow, RunRow.id == PlanTaskRow.run_id)
+                               .where(PlanTaskRow.status == TaskStatus.RUNNING,
+                                      RunRow.status.in_([RunStatus.RUNNING, RunStatus.QUEUED]),
+                                      PlanTaskRow.priority < waiting[0].priority)
+                               .order_by(PlanTaskRow.priority, PlanTaskRow.dispatched_at.desc())).first()
+        if victim is None:
+            return False
+        try:  # the task first: a crash before the pause leaves its run to end and be recorded, never stuck
+            store.preempt_task(self.db, victim.id, by=waiting[0].key)
+            control.request(self.db, victim.run_id, "pause", actor=ACTOR)
+            self.pause(victim.run_id)
+        except (PlanError, JournalError) as exc:  # it ended meanwhile
+            log.info("plan task %s: not preempted: %s", victim.key, exc)
+            return False
+        report.preempted += 1
+        return True
+
+    def _next_tasks(self, free: int, in_flight: Counter) -> list[PlanTaskRow]:
+        """Up to `free` waiting tasks: by priority, then the project with fewest in flight, then oldest."""
+        with session(self.db, readonly=True) as s:
+            # ready tasks, and preempted ones whose run has paused: both wait for a slot
+            waiting = or_(PlanTaskRow.status == TaskStatus.READY,
+                          and_(PlanTaskRow.status == TaskStatus.PREEMPTED, PlanTaskRow.run_id.in_(
+                              select(RunRow.id).where(RunRow.status == RunStatus.PAUSED))))
             projects = list(s.scalars(
                 select(PlanTaskRow.project_id).join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
-                .where(PlanTaskRow.status == TaskStatus.READY, PlanRow.status == PlanStatus.RUNNING).distinct()))
+                .where(waiting, PlanRow.status == PlanStatus.RUNNING).distinct()))
             pool: list[PlanTaskRow] = []
             for project in projects:  # each project's best `free`: enough whichever project wins each turn
                 pool += s.scalars(
                     select(PlanTaskRow).join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
-                    .where(PlanTaskRow.status == TaskStatus.READY, PlanRow.status == PlanStatus.RUNNING,
+                    .where(waiting, PlanRow.status == PlanStatus.RUNNING,
                            project_is(PlanTaskRow.project_id, project))
                     .order_by(PlanTaskRow.priority.desc(), PlanTaskRow.ready_at,
                               func.coalesce(PlanTaskRow.item_index, -1), PlanTaskRow.id).limit(free)).all()

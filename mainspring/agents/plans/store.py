@@ -56,6 +56,8 @@ class Scope(Enum):
 
 
 ANY = Scope.ANY
+# tasks with a run; a preempted one's may still end on its own (the pause lands after its last step): recorded then
+_IN_FLIGHT = {TaskStatus.DISPATCHED, TaskStatus.RUNNING, TaskStatus.PREEMPTED}
 ProjectScope = int | None | Scope  # the API passes its caller's project (None: anonymous, auth off)
 
 _graphs: OrderedDict[str, tuple[PlanSpec, PlanGraph]] = OrderedDict()  # plan id -> its (immutable) spec, parsed
@@ -305,10 +307,10 @@ def _end_plan(tx: _Tx, status: PlanStatus, error: str | None, **data: Any) -> No
     plan.status, plan.error, plan.finished_at = status, error, now()
     in_flight = []
     for t in tx.s.scalars(select(PlanTaskRow).where(PlanTaskRow.plan_id == plan.id,
-                                                    PlanTaskRow.status.in_(NOT_STARTED | {TaskStatus.DISPATCHED,
-                                                                                          TaskStatus.RUNNING}))):
+                                                    PlanTaskRow.status.in_(NOT_STARTED | _IN_FLIGHT))):
         tx.tasks.setdefault(t.key, t)
-        if t.status in NOT_STARTED or tx.is_fan_out(t):
+        if t.status in NOT_STARTED or tx.is_fan_out(t) or t.status == TaskStatus.PREEMPTED:
+            # a preempted task's run is paused: nothing would ever finish it (the scheduler cancels the run)
             _end_task(tx, t, TaskStatus.CANCELLED, f"the plan {status}")
         elif t.run_id is not None:
             in_flight.append({"task": t.key, "run_id": t.run_id})
@@ -540,8 +542,8 @@ def _guarded(s: Session, task_id: str, source: TaskStatus, action: str, **values
     """Lock the task's plan, then move the task from `source` with one guarded UPDATE: (tx, the task) when this
     caller moved it, else PlanError 409 (another caller did first, or it was never in `source`)."""
     tx = _open_plan(s, _plan_of_task(s, task_id), ANY)
-    if action == "dispatch" and tx.plan.status != PlanStatus.RUNNING:
-        raise PlanError(f"cannot dispatch a task of plan {tx.plan.id}: it is {tx.plan.status}", status=409)
+    if action in ("dispatch", "resume") and tx.plan.status != PlanStatus.RUNNING:
+        raise PlanError(f"cannot {action} a task of plan {tx.plan.id}: it is {tx.plan.status}", status=409)
     result = s.execute(update(PlanTaskRow).where(PlanTaskRow.id == task_id, PlanTaskRow.status == source)
                        .values(**values).execution_options(synchronize_session=False))
     moved = cast(CursorResult, result).rowcount
@@ -577,7 +579,23 @@ def mark_running(db: str, task_id: str) -> PlanTaskRow:
         return task
 
 
-_IN_FLIGHT = {TaskStatus.DISPATCHED, TaskStatus.RUNNING}
+def preempt_task(db: str, task_id: str, *, by: str) -> PlanTaskRow:
+    """running -> preempted: its run is being paused at its next step boundary for task `by` (a key, or
+    "plan/key" of another plan); it keeps its run, which resumes where it stopped (`resume_task`)."""
+    with session(db) as s:
+        tx, task = _guarded(s, task_id, TaskStatus.RUNNING, "preempt", status=TaskStatus.PREEMPTED.value,
+                            updated_at=now())
+        tx.event("task.preempted", task.key, run_id=task.run_id, by=by)
+        return task
+
+
+def resume_task(db: str, task_id: str) -> PlanTaskRow:
+    """preempted -> running: its paused run is queued again and goes on from its last completed step."""
+    with session(db) as s:
+        tx, task = _guarded(s, task_id, TaskStatus.PREEMPTED, "resume", status=TaskStatus.RUNNING.value,
+                            updated_at=now())
+        tx.event("task.resumed", task.key, run_id=task.run_id)
+        return task
 
 
 def complete_task(db: str, task_id: str, value: Any, *, project_id: ProjectScope = ANY) -> PlanTaskRow:

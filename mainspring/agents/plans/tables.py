@@ -36,6 +36,7 @@ class TaskStatus(StrEnum):
     DISPATCHED = "dispatched"  # a run was created for it (run_id)
     RUNNING = "running"  # its run started; a fan-out task: its items are being worked on
     AWAITING_APPROVAL = "awaiting_approval"  # requires_approval: dependencies done, a human decides
+    PREEMPTED = "preempted"  # its run paused at a step boundary for a higher-priority task; resumed later
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"  # on_failure "skip": dependents go on with the artifact null

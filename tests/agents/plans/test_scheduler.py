@@ -241,3 +241,43 @@ def test_a_plan_is_its_projects_only(tmp_path, db_url):
     with pytest.raises(PlanError, match="no agent|unknown agent|'w'"):  # nor can it use the other's agents
         theirs.plans.create(PlanSpec(goal="g", tasks=[{"id": "a", "agent": "w", "prompt": "x"}]))
     assert mine.plans.get(plan.id).status == "running"
+
+
+def test_a_higher_priority_task_preempts_at_a_step_boundary_and_the_preempted_one_resumes(tmp_path, db_url):
+    from tests.agents.conftest import CountTool, PolicyModel
+
+    counter = CountTool(tmp_path / "ledger", delay_s=0.3)
+    rt = make_runtime(tmp_path, db_url, PolicyModel(tool="count", calls=6), {"count": counter}, plan_max_running=1)
+    rt.put_agent(AgentSpec(name="slow", model="policy", tools=["count"]))
+    rt.put_agent(AgentSpec(name="quick", model="policy", tools=[]))
+
+    async def body():
+        low = rt.plans.create(PlanSpec(goal="low", tasks=[{"id": "count", "agent": "slow", "prompt": "count"}]))
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ledger").exists() or not (tmp_path / "ledger").read_text().strip():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        low_run = rt.plans.tasks(low.id)[0].run_id
+        steps_before = rt.run(low_run).step_count
+        high = rt.plans.create(PlanSpec(goal="high", priority=5, tasks=[
+            {"id": "urgent", "agent": "quick", "prompt": "answer now"}]))
+        done_high = await wait_plan(rt, high.id)
+        low_task = rt.plans.tasks(low.id)[0]
+        high_run = rt.plans.tasks(high.id)[0].run_id
+        started = next(e for e in rt.events(high_run) if e.type == "run.created").created_at
+        steps_at_start = sum(1 for e in rt.events(low_run) if e.type == "step.completed" and e.created_at <= started)
+        done_low = await wait_plan(rt, low.id)
+        return done_high, done_low, low_task, low_run, steps_before, steps_at_start
+
+    done_high, done_low, low_task, low_run, steps_before, steps_at_start = drive(rt, body)
+    assert done_high.status == "succeeded" and done_low.status == "succeeded"
+    assert low_task.status in ("preempted", "running")  # while the high task ran
+    assert steps_at_start <= steps_before + 1  # the urgent task started within one step boundary
+    events = [e.type for e in rt.plans.events(done_low.id)]
+    assert "task.preempted" in events and "task.resumed" in events
+    run_events = [e.type for e in rt.events(low_run)]
+    assert "run.created" in run_events and run_events.count("run.created") == 1  # the same run, resumed
+    steps = rt.steps(low_run)
+    assert [s["seq"] for s in steps] == list(range(1, len(steps) + 1))  # no step repeated
+    keys = (tmp_path / "ledger").read_text().split()
+    assert len(keys) == len(set(keys)) == 6 and all(k.startswith(low_run + "/") for k in keys)
