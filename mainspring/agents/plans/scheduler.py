@@ -210,6 +210,7 @@ class PlanScheduler:
     def _resume(self, task: PlanTaskRow, report: TickReport) -> None:
         """A preempted task's turn again: its run first (a crash between the two leaves a running run of a
         preempted task, recorded when it ends), then the task."""
+        assert task.run_id is not None  # preempted: it has its run
         try:
             control.request(self.db, task.run_id, "resume", actor=ACTOR)
             store.resume_task(self.db, task.id)
@@ -232,7 +233,7 @@ class PlanScheduler:
                                       RunRow.status.in_([RunStatus.RUNNING, RunStatus.QUEUED]),
                                       PlanTaskRow.priority < waiting[0].priority)
                                .order_by(PlanTaskRow.priority, PlanTaskRow.dispatched_at.desc())).first()
-        if victim is None:
+        if victim is None or victim.run_id is None:
             return False
         try:  # the task first: a crash before the pause leaves its run to end and be recorded, never stuck
             store.preempt_task(self.db, victim.id, by=waiting[0].key)
