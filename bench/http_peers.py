@@ -272,8 +272,13 @@ def markdown(report: dict) -> str:
         lines.append("\n" + "; ".join(f"{n}: start-up {v['start_s']} s, RSS peak {v['peak_rss_mb']} MB, at the end "
                                       f"{v.get('rss_end_mb', '—')} MB"
                                       for n, v in servers.items()))
-    k = max((r["rounds"] for r in report["results"]), default=1)
-    lines.append(f"\nprompt {report.get('prompt', 'a')} for (a) and (d), median of {k} alternating rounds, "
+    per_server = {n: max(r["rounds"] for r in report["results"] if r["server"] == n)
+                  for n in dict.fromkeys(r["server"] for r in report["results"])}
+    if len(set(per_server.values())) == 1:
+        rounds = f"median of {next(iter(per_server.values()))} alternating rounds"
+    else:  # a server that failed to start in a round has fewer
+        rounds = "medians of alternating rounds (" + ", ".join(f"{n}: {k}" for n, k in per_server.items()) + ")"
+    lines.append(f"\nprompt {report.get('prompt', 'a')} for (a) and (d), {rounds}, "
                  f"{report['cpu']}, {report['threads']} threads, load average {report['loadavg_1m']} at the end; "
                  f"`{report['command']}`")
     return "\n".join(lines)
