@@ -1,9 +1,9 @@
 """Durable plan state: plans, their tasks (one row per TaskSpec, plus one per fan-out item), the plan event
 stream, and the leader lease of the one plan scheduler per deployment.
 
-A plan survives a crash because every transition (plans/store.py) is one transaction over these rows that also
-appends its plan_events. Mapped on the store's Base, collected for Alembic by mainspring/schema.py, migrated by
-0006_plans.
+A plan survives a crash because every transition (plans/store.py, rules in plans/transitions.py) is one
+transaction over these rows that also appends its plan_events. Mapped on the store's Base, collected for
+Alembic by mainspring/schema.py, migrated by 0006_plans.
 """
 
 from __future__ import annotations
