@@ -62,6 +62,7 @@ class Worker:
         self._main: asyncio.Task | None = None
         self._last_beat = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_run_done: Callable[[], Any] = lambda: None  # a driven run stopped (the plan scheduler's wake-up)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -152,7 +153,9 @@ class Worker:
             if recovered:
                 log.info("run %s: recovered after its worker died", run_id)
             run_loop = RunLoop(self.env, run_id)
-            self.loops[run_id] = (run_loop, asyncio.create_task(run_loop.drive(), name=f"run-{run_id}"))
+            task = asyncio.create_task(run_loop.drive(), name=f"run-{run_id}")
+            task.add_done_callback(lambda _: self.on_run_done())
+            self.loops[run_id] = (run_loop, task)
 
     async def wait_idle(self, timeout: float = 60.0) -> None:
         """Until no run is being driven (tests, shutdown)."""
