@@ -74,7 +74,8 @@ class AgentRuntime:
         # the plan scheduler of this process: acts while it holds the deployment's lease (agents/plans/leader.py)
         self.scheduler = PlanScheduler(self.db, self.worker.owner, max_running=settings.plan_max_running,
                                        lease_s=min(settings.agent_lease_s, 10.0), notify=self.worker.notify,
-                                       pause=lambda run_id: self.worker.interrupt(run_id, "pause", cut=False))
+                                       interrupt=lambda run_id, order: self.worker.interrupt(
+                                           run_id, order, cut=order == "cancel"))
         self.worker.on_run_done = self.scheduler.wake  # a task's run ended: its dependents may be ready now
         self.event_bus = EventBus(self.db)  # wakes the SSE followers of runs (api/routes/runs.py)
         self.attachments = AttachmentPolicy.from_settings(settings)

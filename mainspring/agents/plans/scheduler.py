@@ -2,8 +2,10 @@
 
 Every server process runs one; only the holder of the "plan-scheduler" lease acts (leader.py), the others
 stand by. A tick of the leader:
+0. gates: an approval gate undecided past its plan's approval_ttl_s takes its approval_expiry.
 1. reconcile: each dispatched or running task looks at its run. A finished run completes the task with its
    result (the artifact, checked against the task's schema by the store) or fails it with the run's error;
+   a task past its `timeout_s` has its run cancelled and fails (retried per on_failure with a fresh run);
    a dispatched task whose run row is missing (the leader died between writing the run id down and creating
    the run) gets its run now, under that same id; a cancelled task's run that still goes on is cancelled.
 2. dispatch: while fewer than `max_running` tasks are in flight, the next ready task is taken by priority
@@ -59,6 +61,8 @@ class TickReport:
     recreated: int = 0
     preempted: int = 0
     resumed: int = 0
+    timed_out: int = 0
+    expired: int = 0
 
 
 def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
@@ -80,13 +84,13 @@ def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
 class PlanScheduler:
     def __init__(self, db: str, owner: str, *, max_running: int = 8, lease_s: float = 10.0, poll_s: float = 0.5,
                  notify: Callable[[], None] = lambda: None,
-                 pause: Callable[[str], None] = lambda run_id: None) -> None:
+                 interrupt: Callable[[str, str], None] = lambda run_id, order: None) -> None:
         self.db, self.owner = db, owner
         self.max_running, self.lease_s, self.poll_s = max_running, lease_s, poll_s
         self.notify = notify  # the local worker: a new run is there to claim
-        # the local worker: pause this run at its next step boundary now (another process's worker reads the
-        # journaled request at its next heartbeat)
-        self.pause = pause
+        # the local worker, at once: (run id, "pause") stops the run at its next step boundary, (run id, "cancel")
+        # cuts its step in flight; another process's worker reads the journaled request at its next heartbeat
+        self.interrupt = interrupt
         self._main: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
@@ -128,6 +132,7 @@ class PlanScheduler:
         if report.term is None:
             return report
         report.leader = True
+        self._expire_gates(report)
         self._reconcile(report)
         self._dispatch(report)
         if self._preempt(report):
@@ -135,6 +140,35 @@ class PlanScheduler:
         if report.dispatched or report.recreated or report.resumed:
             self.notify()
         return report
+
+    def _expire_gates(self, report: TickReport) -> None:
+        """A gate left undecided past its plan's approval_ttl_s takes the plan's approval_expiry, journaled with
+        the actor "expiry" like any decision (plan gates wait from the plan's creation, task gates from when the
+        task reached its gate)."""
+        with session(self.db, readonly=True) as s:
+            plans = list(s.scalars(select(PlanRow).where(PlanRow.status == PlanStatus.AWAITING_APPROVAL)))
+            gated = list(s.execute(select(PlanTaskRow, PlanRow).join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
+                                   .where(PlanTaskRow.status == TaskStatus.AWAITING_APPROVAL,
+                                          PlanRow.status == PlanStatus.RUNNING)).all())
+        t = journal.now()
+        for plan, since, task in [*((p, p.created_at, None) for p in plans), *((p, k.updated_at, k) for k, p in gated)]:
+            spec = store.load_spec(plan)
+            if spec.approval_ttl_s is None or (t - since).total_seconds() <= spec.approval_ttl_s:
+                continue
+            why = f"undecided for {spec.approval_ttl_s:g} s: {spec.approval_expiry}"
+            try:
+                if task is None and spec.approval_expiry == "approve":
+                    store.approve_plan(self.db, plan.id, "expiry")
+                elif task is None:
+                    store.reject_plan(self.db, plan.id, "expiry", comment=why)
+                elif spec.approval_expiry == "approve":
+                    store.approve_task(self.db, task.id, "expiry")
+                else:
+                    store.reject_task(self.db, task.id, "expiry", comment=why)
+            except PlanError as exc:  # a person decided meanwhile
+                log.info("plan %s: gate not expired: %s", plan.id, exc)
+                continue
+            report.expired += 1
 
     def _reconcile(self, report: TickReport) -> None:
         with session(self.db, readonly=True) as s:
@@ -160,10 +194,27 @@ class PlanScheduler:
                     reason = run.error or run.stop_reason or run.status
                     store.fail_task(self.db, task.id, f"run {run.id} {run.status}: {reason}")
                     report.failed += 1
+                elif self._timed_out(task):
+                    self._time_out(task, run)
+                    report.timed_out += 1
                 elif task.status == TaskStatus.DISPATCHED and run.status != RunStatus.QUEUED:
                     store.mark_running(self.db, task.id)
             except (PlanError, JournalError) as exc:  # a person changed it meanwhile: the next tick sees it
                 log.info("plan task %s: %s", task.key, exc)
+
+    def _timed_out(self, task: PlanTaskRow) -> bool:
+        """Its `timeout_s` has passed since this attempt was dispatched (time spent preempted included)."""
+        timeout = self._spec(task).timeout_s
+        return timeout is not None and task.dispatched_at is not None and \
+            (journal.now() - task.dispatched_at).total_seconds() > timeout
+
+    def _time_out(self, task: PlanTaskRow, run: RunRow) -> None:
+        """The run is cancelled first (a crash in between leaves a cancelled run, which fails the task at the next
+        tick anyway), then the task fails per its on_failure: a retry gets a fresh run and a fresh clock."""
+        control.request(self.db, run.id, "cancel", actor=ACTOR)
+        self.interrupt(run.id, "cancel")
+        timeout = self._spec(task).timeout_s
+        store.fail_task(self.db, task.id, f"timed out after {timeout:g} s (run {run.id} cancelled)")
 
     def _artifact(self, task: PlanTaskRow, run: RunRow) -> Any:
         """The run's result as the task's artifact: JSON when the task declares a schema, else the text."""
@@ -238,7 +289,7 @@ class PlanScheduler:
         try:  # the task first: a crash before the pause leaves its run to end and be recorded, never stuck
             store.preempt_task(self.db, victim.id, by=waiting[0].key)
             control.request(self.db, victim.run_id, "pause", actor=ACTOR)
-            self.pause(victim.run_id)
+            self.interrupt(victim.run_id, "pause")
         except (PlanError, JournalError) as exc:  # it ended meanwhile
             log.info("plan task %s: not preempted: %s", victim.key, exc)
             return False

@@ -74,6 +74,9 @@ class PlanSpec(BaseModel):
     tasks: list[TaskSpec] = Field(..., min_length=1, max_length=1000)
     priority: int = Field(0, ge=-PLAN_PRIORITY, le=PLAN_PRIORITY, description="higher first, across plans")
     approve_plan: bool = Field(False, description="the whole plan waits for a human 'approve' before any task")
+    approval_ttl_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S, description="a gate (approve_plan, a "
+                                            "task's requires_approval) undecided this long takes approval_expiry")
+    approval_expiry: Literal["reject", "approve"] = Field("reject", description="the decision an expired gate takes")
     token_budget: Optional[int] = Field(None, ge=1)
     cost_budget_usd: Optional[str] = Field(None, description="list-price USD, e.g. '0.50'")
 

@@ -281,3 +281,51 @@ def test_a_higher_priority_task_preempts_at_a_step_boundary_and_the_preempted_on
     assert [s["seq"] for s in steps] == list(range(1, len(steps) + 1))  # no step repeated
     keys = (tmp_path / "ledger").read_text().split()
     assert len(keys) == len(set(keys)) == 6 and all(k.startswith(low_run + "/") for k in keys)
+
+
+def test_a_task_past_its_timeout_has_its_run_cancelled_and_fails(tmp_path, db_url):
+    from tests.agents.conftest import CountTool, PolicyModel
+
+    rt = make_runtime(tmp_path, db_url, PolicyModel(tool="count", calls=20),
+                      {"count": CountTool(tmp_path / "ledger", delay_s=0.2)})
+    rt.put_agent(AgentSpec(name="slow", model="policy", tools=["count"]))
+
+    async def body():
+        plan = rt.plans.create(PlanSpec(goal="g", tasks=[
+            {"id": "a", "agent": "slow", "prompt": "count", "timeout_s": 1.0, "max_attempts": 1},
+            {"id": "b", "agent": "slow", "prompt": "after", "depends_on": ["a"]}]))
+        t = time.monotonic()
+        done = await wait_plan(rt, plan.id)
+        return done, rt.plans.tasks(plan.id), time.monotonic() - t
+
+    done, tasks, took = drive(rt, body)
+    by = {t.key: t for t in tasks}
+    assert done.status == "failed" and by["a"].status == "failed" and by["b"].status == "cancelled"
+    assert "timed out after 1 s" in by["a"].error
+    assert rt.run(by["a"].run_id).status == "cancelled"
+    assert took < 15  # not the 20 slow steps the run would have taken
+    effects = len((tmp_path / "ledger").read_text().split())
+    assert 0 < effects < 20
+
+
+@pytest.mark.parametrize("expiry", ["approve", "reject"])
+def test_an_undecided_gate_takes_its_default_after_the_ttl(tmp_path, db_url, expiry):
+    journal.put_agent(db_url, agent("w"), None)
+    gated = store.create_plan(db_url, PlanSpec(goal="g", approve_plan=True, approval_ttl_s=0.2, approval_expiry=expiry,
+                                               tasks=[{"id": "a", "agent": "w", "prompt": "x"}]), project_id=None)
+    task_gate = store.create_plan(db_url, PlanSpec(goal="g", approval_ttl_s=0.2, approval_expiry=expiry, tasks=[
+        {"id": "a", "agent": "w", "prompt": "x", "requires_approval": True, "on_failure": "skip"}]), project_id=None)
+    sched = PlanScheduler(db_url, "host:1:a")
+    assert sched.tick().expired == 0  # not yet
+    time.sleep(0.3)
+    assert sched.tick().expired == 2
+    events = {p.id: [(e.type, json.loads(e.data_json).get("actor")) for e in store.events(db_url, p.id)]
+              for p in (gated, task_gate)}
+    if expiry == "approve":
+        assert store.plan(db_url, gated.id).status == "running"
+        assert ("plan.approved", "expiry") in events[gated.id]
+        assert store.tasks(db_url, task_gate.id)[0].status in ("ready", "dispatched")
+    else:
+        assert store.plan(db_url, gated.id).status == "cancelled"
+        assert store.tasks(db_url, task_gate.id)[0].status == "skipped"  # a rejection counts as its failure
+        assert ("task.rejected", "expiry") in events[task_gate.id]
