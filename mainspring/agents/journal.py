@@ -77,11 +77,12 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
                token_budget: int | None = None, cost_budget_u: int | None = None,
                attachments: dict[str, str] | None = None, project_id: int | None = None,
                api_key_id: str | None = None, run_id: str | None = None,
-               output_schema: dict | None = None) -> RunRow:
+               output_schema: dict | None = None, model: str | None = None) -> RunRow:
     """A queued run of agent `agent_id` in project `project_id`, created by key `api_key_id` (whose ledger and
     budgets its model calls use); its thread must be the project's own. `run_id` is for a caller that wrote the
     id down before creating the run (the plan scheduler), so a crash in between cannot make two runs.
-    `output_schema` is the JSON Schema its final answer must meet, over its agent's (a plan task's artifact)."""
+    `output_schema` is the JSON Schema its final answer must meet, and `model` the model it calls, both over its
+    agent's (a plan task's artifact schema; the model its complexity routes it to)."""
     with session(db) as s:
         spec = agent_spec(s, agent_id)
         if thread_id is None:
@@ -102,6 +103,7 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
                 usd_to_micro(limits.cost_budget_usd) if limits.cost_budget_usd else None),
             attachments_json=json.dumps(attachments or {}),
             output_schema_json=json.dumps(output_schema) if output_schema is not None else None,
+            model_override=model,
             status=RunStatus.QUEUED,
             cancel_requested=False, pause_requested=False, attempt=0, step_count=0, prompt_tokens=0,
             completion_tokens=0, cached_tokens=0, cost_u=0, created_at=now(), updated_at=now(),
@@ -143,6 +145,8 @@ def load_state(db: str, run_id: str) -> RunState:
         spec = agent_spec(s, run.agent_id)
         if run.output_schema_json is not None:  # the run's own schema (a plan task's) over its agent's
             spec = spec.model_copy(update={"output_schema": json.loads(run.output_schema_json)})
+        if run.model_override is not None:  # the run's own model (a plan task routed by complexity)
+            spec = spec.model_copy(update={"model": run.model_override})
         state = RunState(run=run, spec=spec)
         for st in s.scalars(select(StepRow).where(StepRow.run_id == run_id).order_by(StepRow.seq)):
             if st.status == StepStatus.COMPLETED:

@@ -109,7 +109,14 @@ class AgentRuntime:
     def plans(self) -> Plans:
         """Plans (task graphs of agent runs) as this scope sees them."""
         return Plans(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id, self.scope.api_key_id,
-                     set(self.tools), wake=self.scheduler_wake)
+                     set(self.tools), wake=self.scheduler_wake, model_exists=self._model_exists)
+
+    def _model_exists(self, name: str) -> bool:
+        try:
+            self.worker.env.models(name, self.scope.project_id)
+        except (KeyError, LookupError):
+            return False
+        return True
 
     def scheduler_wake(self) -> None:
         self.worker.soon(self.scheduler.wake)  # the scheduler's event belongs to the worker's event loop

@@ -73,6 +73,7 @@ class RunRow(Base):
     attachments_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     # the JSON Schema its final answer must meet, over its agent's output_schema (a plan task's artifact schema)
     output_schema_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_override: Mapped[str | None] = mapped_column(String(255), nullable=True)  # over its agent's model
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

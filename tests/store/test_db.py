@@ -28,12 +28,12 @@ def test_migrations_run_from_empty_and_are_idempotent(url, tmp_path):
     assert not (tmp_path / "ms.db").exists()
     engine = init_db(url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert current_revision(url) == "0006"
+    assert current_revision(url) == "0007"
     with session(url) as s:
         s.add(Project(name="acme"))
     init_db(url)  # a second start: nothing to do, nothing lost
     init_db(url)
-    assert current_revision(url) == "0006"
+    assert current_revision(url) == "0007"
     with session(url, readonly=True) as s:
         assert s.scalars(select(Project.name)).all() == ["acme"]
 

@@ -19,6 +19,9 @@ stand by. A tick of the leader:
    the slot goes to the waiting task at once. A preempted task whose run has paused competes for slots like a
    ready one, and winning one resumes its run, which goes on from its last completed step.
 
+A task's run calls its agent's model, or the plan's `simple_model` when the task is simple (declared, or by a
+rule of thumb: `route`) on its first attempt; a retry escalates to the agent's own model.
+
 A run's goal is the task's prompt ({goal} and {item} filled in) followed by each upstream artifact whole, as
 the exact canonical JSON the upstream stored, with its sha256: no summary between stages. A task with an
 output_schema runs with that schema as the run's own, so its final answer is checked JSON (agents/output.py).
@@ -38,7 +41,7 @@ from sqlalchemy import and_, func, or_, select
 from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.plans import leader, store
-from mainspring.agents.plans.spec import PlanError, TaskSpec
+from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
 from mainspring.agents.status import TERMINAL, RunStatus
 from mainspring.agents.tables import AgentRow, RunRow
@@ -63,6 +66,17 @@ class TickReport:
     resumed: int = 0
     timed_out: int = 0
     expired: int = 0
+
+
+def route(plan: PlanSpec, task: TaskSpec, attempt: int) -> str | None:
+    """The model a task's run calls instead of its agent's, or None. With the plan's `simple_model`, a simple task
+    (declared, or "auto": a prompt of at most 60 words reading at most one upstream artifact) runs its first
+    attempt on it; a retry escalates to the agent's own, stronger model (a failed schema check, a failed run)."""
+    if plan.simple_model is None or attempt > 1:
+        return None
+    simple = task.complexity == "simple" or (
+        task.complexity == "auto" and len(task.prompt.split()) <= 60 and len(task.depends_on) <= 1)
+    return plan.simple_model if simple else None
 
 
 def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
@@ -328,7 +342,8 @@ class PlanScheduler:
         with session(self.db, readonly=True) as s:
             plan = s.get(PlanRow, task.plan_id)
             assert plan is not None
-            spec = next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
+            plan_spec = store.load_spec(plan)
+            spec = next(t for t in plan_spec.tasks if t.id == task.spec_key)
             agent_id = s.scalars(select(AgentRow.id).where(AgentRow.name == spec.agent,
                                                            project_is(AgentRow.project_id, plan.project_id))
                                  .order_by(AgentRow.version.desc())).first()
@@ -336,4 +351,5 @@ class PlanScheduler:
                 raise PlanError(f"no agent {spec.agent!r} in the plan's project")
         goal = render_goal(spec, store.task_inputs(self.db, task.id))
         journal.create_run(self.db, agent_id, goal, priority=task.priority, project_id=plan.project_id,
-                           api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema)
+                           api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema,
+                           model=route(plan_spec, spec, task.attempt))

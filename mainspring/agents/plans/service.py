@@ -34,13 +34,16 @@ class PlanUsage:
 
 class Plans:
     def __init__(self, db: str, project: store.ProjectScope, api_key_id: str | None, tools: set[str],
-                 wake: Callable[[], None] = lambda: None) -> None:
+                 wake: Callable[[], None] = lambda: None, model_exists: Callable[[str], bool] = lambda name: True):
         self.db, self.project, self.api_key_id, self.tools, self.wake = db, project, api_key_id, tools, wake
+        self.model_exists = model_exists
 
     def _owner_project(self) -> int | None:
         return None if self.project is store.ANY else self.project  # type: ignore[return-value]
 
     def create(self, spec: PlanSpec) -> PlanRow:
+        if spec.simple_model is not None and not self.model_exists(spec.simple_model):
+            raise PlanError(f"unknown model {spec.simple_model!r}", param="simple_model")
         row = store.create_plan(self.db, spec, project_id=self._owner_project(), api_key_id=self.api_key_id,
                                 tools=self.tools)
         self.wake()

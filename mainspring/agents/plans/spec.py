@@ -77,6 +77,9 @@ class PlanSpec(BaseModel):
     approval_ttl_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S, description="a gate (approve_plan, a "
                                             "task's requires_approval) undecided this long takes approval_expiry")
     approval_expiry: Literal["reject", "approve"] = Field("reject", description="the decision an expired gate takes")
+    simple_model: Optional[str] = Field(None, min_length=1, max_length=255, description="the model simple tasks run "
+                                        "on first (a cheaper one); a retry escalates to the agent's own model. None: "
+                                        "every task on its agent's model")
     token_budget: Optional[int] = Field(None, ge=1)
     cost_budget_usd: Optional[str] = Field(None, description="list-price USD, e.g. '0.50'")
 

@@ -329,3 +329,40 @@ def test_an_undecided_gate_takes_its_default_after_the_ttl(tmp_path, db_url, exp
         assert store.plan(db_url, gated.id).status == "cancelled"
         assert store.tasks(db_url, task_gate.id)[0].status == "skipped"  # a rejection counts as its failure
         assert ("task.rejected", "expiry") in events[task_gate.id]
+
+
+def test_a_simple_task_runs_on_the_cheap_model_and_a_retry_escalates(tmp_path, db_url):
+    """The cheap model ignores the schema (its answer fails the check): the retry runs on the agent's model."""
+    from mainspring.agents.plans.spec import PlanError
+    from mainspring.agents.runtime import AgentRuntime
+    from mainspring.config import Settings
+    from tests.scripted_model import ScriptedModel
+
+    cheap, strong = ScriptedModel(["not json at all", "still not json"]), StageModel()
+    models = {"cheap": cheap, "stage": strong}
+
+    def resolve(name, project=None):
+        return models[name]
+
+    rt = AgentRuntime(Settings(data_dir=tmp_path), models=resolve, tools={}, db_url=db_url)
+    rt.put_agent(agent("w"))
+    spec = PlanSpec(goal="g", simple_model="cheap", tasks=[
+        {"id": "easy", "agent": "w", "prompt": "say it", "output_schema": OBJ, "max_attempts": 2},
+        {"id": "hard", "agent": "w", "prompt": "think", "complexity": "hard", "output_schema": OBJ}])
+
+    async def body():
+        plan = rt.plans.create(spec)
+        return await wait_plan(rt, plan.id), rt.plans.tasks(plan.id), rt.plans.events(plan.id)
+
+    done, tasks, events = drive(rt, body)
+    assert done.status == "succeeded"
+    by = {t.key: t for t in tasks}
+    runs = [json.loads(e.data_json)["run_id"] for e in events if e.type == "task.dispatched" and e.task_key == "easy"]
+    assert len(runs) == 2 and by["easy"].attempt == 2
+    first, second = (rt.run(r) for r in runs)
+    assert (first.model_override, first.status, first.stop_reason) == ("cheap", "failed", "invalid_output")
+    assert second.model_override is None and second.status == "succeeded"  # escalated to the agent's model
+    assert rt.run(by["hard"].run_id).model_override is None  # a hard task never tries the cheap model
+    assert len(cheap.calls) == 2  # the easy task's first answer and its constrained finalize step
+    with pytest.raises(PlanError, match="unknown model 'nope'"):
+        rt.plans.create(spec.model_copy(update={"simple_model": "nope"}))
