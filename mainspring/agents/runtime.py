@@ -114,7 +114,7 @@ class AgentRuntime:
     def _model_exists(self, name: str) -> bool:
         try:
             self.worker.env.models(name, self.scope.project_id)
-        except (KeyError, LookupError):
+        except (KeyError, LookupError, JournalError):  # the API's resolver says "unknown model" as a JournalError
             return False
         return True
 

@@ -80,6 +80,9 @@ def test_bad_plans_get_clear_errors_and_nothing_is_stored(server):
     assert r.status_code == 400, r.text
     r = client.post("/plans", json={"goal": "g", "tasks": []})
     assert r.status_code == 400, r.text
+    r = client.post("/plans", json={"goal": "g", "simple_model": "no-such-model",
+                                    "tasks": [{"id": "a", "agent": "plan-checker", "prompt": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "simple_model", r.text
     assert client.get("/plans", params={"limit": 500}).json()["data"] == before
     assert client.get("/plans/plan_nope").status_code == 404
     assert client.post("/plans/plan_nope/cancel").status_code == 404
