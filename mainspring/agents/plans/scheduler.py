@@ -186,11 +186,14 @@ class PlanScheduler:
 
     def _reconcile(self, report: TickReport) -> None:
         with session(self.db, readonly=True) as s:
-            rows = s.execute(select(PlanTaskRow, RunRow).outerjoin(RunRow, RunRow.id == PlanTaskRow.run_id)
-                             .where(PlanTaskRow.status.in_([*IN_FLIGHT, TaskStatus.PREEMPTED,
-                                                            TaskStatus.CANCELLED]),
-                                    PlanTaskRow.run_id.is_not(None))).all()
-        for task, run in rows:
+            # each task with its run and its plan, read once a tick (the plan's spec is parsed once per plan: store)
+            rows = s.execute(
+                select(PlanTaskRow, RunRow, PlanRow).outerjoin(RunRow, RunRow.id == PlanTaskRow.run_id)
+                .join(PlanRow, PlanRow.id == PlanTaskRow.plan_id)
+                .where(PlanTaskRow.status.in_([*IN_FLIGHT, TaskStatus.PREEMPTED, TaskStatus.CANCELLED]),
+                       PlanTaskRow.run_id.is_not(None))).all()
+        for task, run, plan in rows:
+            spec = next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
             try:
                 if task.status == TaskStatus.CANCELLED:
                     if run is not None and run.status not in TERMINAL:
@@ -199,7 +202,7 @@ class PlanScheduler:
                     self._create_run(task, task.run_id)
                     report.recreated += 1
                 elif run.status == RunStatus.SUCCEEDED:
-                    done = store.complete_task(self.db, task.id, self._artifact(task, run))
+                    done = store.complete_task(self.db, task.id, self._artifact(spec, run))
                     if done.status == TaskStatus.SUCCEEDED:
                         report.completed += 1
                     else:
@@ -208,42 +211,38 @@ class PlanScheduler:
                     reason = run.error or run.stop_reason or run.status
                     store.fail_task(self.db, task.id, f"run {run.id} {run.status}: {reason}")
                     report.failed += 1
-                elif self._timed_out(task):
-                    self._time_out(task, run)
+                elif self._timed_out(task, spec):
+                    self._time_out(task, spec, run)
                     report.timed_out += 1
                 elif task.status == TaskStatus.DISPATCHED and run.status != RunStatus.QUEUED:
                     store.mark_running(self.db, task.id)
             except (PlanError, JournalError) as exc:  # a person changed it meanwhile: the next tick sees it
                 log.info("plan task %s: %s", task.key, exc)
 
-    def _timed_out(self, task: PlanTaskRow) -> bool:
+    @staticmethod
+    def _timed_out(task: PlanTaskRow, spec: TaskSpec) -> bool:
         """Its `timeout_s` has passed since this attempt was dispatched (time spent preempted included)."""
-        timeout = self._spec(task).timeout_s
+        timeout = spec.timeout_s
         return timeout is not None and task.dispatched_at is not None and \
             (journal.now() - task.dispatched_at).total_seconds() > timeout
 
-    def _time_out(self, task: PlanTaskRow, run: RunRow) -> None:
+    def _time_out(self, task: PlanTaskRow, spec: TaskSpec, run: RunRow) -> None:
         """The run is cancelled first (a crash in between leaves a cancelled run, which fails the task at the next
         tick anyway), then the task fails per its on_failure: a retry gets a fresh run and a fresh clock."""
         control.request(self.db, run.id, "cancel", actor=ACTOR)
         self.interrupt(run.id, "cancel")
-        timeout = self._spec(task).timeout_s
-        store.fail_task(self.db, task.id, f"timed out after {timeout:g} s (run {run.id} cancelled)")
+        store.fail_task(self.db, task.id, f"timed out after {spec.timeout_s:g} s (run {run.id} cancelled)")
 
-    def _artifact(self, task: PlanTaskRow, run: RunRow) -> Any:
+    @staticmethod
+    def _artifact(spec: TaskSpec, run: RunRow) -> Any:
         """The run's result as the task's artifact: JSON when the task declares a schema, else the text."""
-        if self._spec(task).output_schema is None:
+        if spec.output_schema is None:
             return run.result or ""
         try:
             return json.loads(run.result or "")
         except json.JSONDecodeError:
             return run.result  # the store's schema check fails it with the reason
 
-    def _spec(self, task: PlanTaskRow) -> TaskSpec:
-        with session(self.db, readonly=True) as s:
-            plan = s.get(PlanRow, task.plan_id)
-            assert plan is not None
-        return next(t for t in store.load_spec(plan).tasks if t.id == task.spec_key)
 
     def _in_flight(self) -> Counter:
         with session(self.db, readonly=True) as s:

@@ -91,9 +91,11 @@ class Plans:
 
     def usage(self, plan_id: str) -> PlanUsage:
         """Tokens and list-price cost of every run the plan's tasks had, retries included."""
-        events = [e for e in self.events(plan_id, limit=1_000_000) if e.type == "task.dispatched"]
-        run_ids = {json.loads(e.data_json).get("run_id") for e in events} - {None}
+        self.get(plan_id)  # another project's plan: not found
         with session(self.db, readonly=True) as s:
+            dispatched = s.scalars(select(PlanEventRow.data_json).where(PlanEventRow.plan_id == plan_id,
+                                                                      PlanEventRow.type == "task.dispatched"))
+            run_ids = {json.loads(body).get("run_id") for body in dispatched} - {None}
             runs = list(s.scalars(select(RunRow).where(RunRow.id.in_(run_ids)))) if run_ids else []
         return PlanUsage(runs=len(runs), prompt_tokens=sum(r.prompt_tokens for r in runs),
                          completion_tokens=sum(r.completion_tokens for r in runs),
