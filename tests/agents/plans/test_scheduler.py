@@ -9,6 +9,7 @@ import json
 import re
 import time
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
@@ -309,15 +310,17 @@ def test_a_task_past_its_timeout_has_its_run_cancelled_and_fails(tmp_path, db_ur
 
 
 @pytest.mark.parametrize("expiry", ["approve", "reject"])
-def test_an_undecided_gate_takes_its_default_after_the_ttl(tmp_path, db_url, expiry):
+def test_an_undecided_gate_takes_its_default_after_the_ttl(tmp_path, db_url, expiry, monkeypatch):
     journal.put_agent(db_url, agent("w"), None)
-    gated = store.create_plan(db_url, PlanSpec(goal="g", approve_plan=True, approval_ttl_s=0.2, approval_expiry=expiry,
+    gated = store.create_plan(db_url, PlanSpec(goal="g", approve_plan=True, approval_ttl_s=60, approval_expiry=expiry,
                                                tasks=[{"id": "a", "agent": "w", "prompt": "x"}]), project_id=None)
-    task_gate = store.create_plan(db_url, PlanSpec(goal="g", approval_ttl_s=0.2, approval_expiry=expiry, tasks=[
+    task_gate = store.create_plan(db_url, PlanSpec(goal="g", approval_ttl_s=60, approval_expiry=expiry, tasks=[
         {"id": "a", "agent": "w", "prompt": "x", "requires_approval": True, "on_failure": "skip"}]), project_id=None)
     sched = PlanScheduler(db_url, "host:1:a")
     assert sched.tick().expired == 0  # not yet
-    time.sleep(0.3)
+    real_now = journal.now
+    # the scheduler's clock past the TTL (a real sleep would make the "not yet" above depend on machine load)
+    monkeypatch.setattr(journal, "now", lambda: real_now() + timedelta(seconds=61))
     assert sched.tick().expired == 2
     events = {p.id: [(e.type, json.loads(e.data_json).get("actor")) for e in store.events(db_url, p.id)]
               for p in (gated, task_gate)}
