@@ -7,7 +7,8 @@ scripted policy): the time is the runtime's and the scheduler's own. The peer dr
 it starts each layer's runs through the same runtime, at most --slots at once (a new one as one ends), waits
 for the layer, then starts the next. Both keep the same number of runs in flight. Then preemption latency:
 with every slot held by a slow low-priority task, a high-priority plan is created; the time until its run
-exists, and until it finishes.
+exists, and until it finishes. Last, deadlock detection latency: plans of three tasks that wait for each
+other's messages in a ring; the time from the ring closing until the scheduler records the deadlock.
 
     python bench/orchestration.py [--tasks 1000] [--layers 10] [--slots 16] [--update-readme]
 """
@@ -34,7 +35,7 @@ from mainspring.agents.runtime import AgentRuntime  # noqa: E402
 from mainspring.agents.spec import AgentSpec  # noqa: E402
 from mainspring.config import Settings  # noqa: E402
 from mainspring.engine.outputs import Usage  # noqa: E402
-from mainspring.models import ChatModel, Completion  # noqa: E402
+from mainspring.models import ChatModel, Completion, ToolCall  # noqa: E402
 
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 
@@ -54,6 +55,47 @@ class Instant(ChatModel):
 
     async def stream(self, messages, **kwargs):  # pragma: no cover
         raise NotImplementedError
+
+
+class Waiter(ChatModel):
+    """TEST-ONLY: an agent whose instructions are "wait X" first waits for a message from task X, then answers."""
+
+    model = "instant"
+
+    async def chat(self, messages, **kwargs):
+        system = messages[0].get("content") or ""
+        if system.startswith("wait ") and kwargs.get("tools") and not any(m["role"] == "tool" for m in messages):
+            call = ToolCall("w", "wait_for_message", json.dumps({"sender": system.split()[1]}))
+            return Completion("", [call], "tool_calls", Usage(10, 0, 2), self.model)
+        return Completion("done", [], "stop", Usage(10, 0, 2), self.model)
+
+    async def stream(self, messages, **kwargs):  # pragma: no cover
+        raise NotImplementedError
+
+
+async def deadlock_latency(rt: AgentRuntime, rounds: int) -> dict:
+    """`rounds` plans of three tasks waiting on each other in a ring: from the moment the ring closes (the last
+    of its three waits opens) until the scheduler has recorded the deadlock, as the database times them."""
+    from sqlalchemy import func, select
+
+    from mainspring.agents.plans.tables import DeadlockRow, PlanWaitRow
+    from mainspring.store.db import session
+
+    for name, target in (("wa", "b"), ("wb", "c"), ("wc", "a")):
+        rt.put_agent(AgentSpec(name=name, model="instant", instructions=f"wait {target}",
+                               tools=["wait_for_message"]))
+    latencies = []
+    for _ in range(rounds):
+        plan = await asyncio.to_thread(rt.plans.create, PlanSpec(goal="ring", tasks=[
+            {"id": k, "agent": f"w{k}", "prompt": "x", "on_failure": "fail"} for k in "abc"]))
+        await wait_plan(rt, plan.id)
+        with session(rt.db, readonly=True) as s:
+            closed = s.scalar(select(func.max(PlanWaitRow.since)).where(PlanWaitRow.plan_id == plan.id))
+            found = s.scalar(select(DeadlockRow.detected_at).where(DeadlockRow.plan_id == plan.id))
+        latencies.append((found - closed).total_seconds())
+    latencies.sort()
+    return {"rounds": rounds, "median_ms": round(latencies[len(latencies) // 2] * 1e3, 1),
+            "max_ms": round(latencies[-1] * 1e3, 1)}
 
 
 def runtime(data_dir: Path, slots: int, model: ChatModel) -> AgentRuntime:
@@ -147,6 +189,15 @@ def measure(args) -> dict:
             finally:
                 await rt.stop()
         out["preemption"] = asyncio.run(pre())
+        rt = runtime(Path(tmp) / "deadlock", 4, Waiter())
+
+        async def ring():
+            await rt.start()
+            try:
+                return await deadlock_latency(rt, args.deadlock_rounds)
+            finally:
+                await rt.stop()
+        out["deadlock"] = asyncio.run(ring())
     return out
 
 
@@ -161,6 +212,9 @@ def markdown(report: dict) -> str:
     p = report["preemption"]
     lines.append(f"\nPreemption, every slot held by a slow task ({report['slow_s']} s per step): the high-priority "
                  f"task's run existed after {p['started_s']} s and finished after {p['finished_s']} s. "
+                 + (f"A 3-task wait-for cycle was detected {report['deadlock']['median_ms']} ms (median of "
+                    f"{report['deadlock']['rounds']}; max {report['deadlock']['max_ms']} ms) after it closed. "
+                    if "deadlock" in report else "") +
                  f"{report['cpu']}, load average {report['loadavg_1m']}; `{report['command']}`")
     return "\n".join(lines)
 
@@ -171,6 +225,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--slow-s", type=float, default=5.0, help="each step of the slow tasks (preemption)")
+    ap.add_argument("--deadlock-rounds", type=int, default=5, help="3-task wait-for rings timed")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "orchestration.json"))
     ap.add_argument("--update-readme", action="store_true")
     args = ap.parse_args()
@@ -182,6 +237,7 @@ def main() -> None:
 
     report = {"tasks": args.tasks, "layers": args.layers, "slots": args.slots, "slow_s": args.slow_s,
               "plan_s": round(got["plan"], 2), "client_s": round(got["client"], 2), "preemption": got["preemption"],
+              "deadlock": got["deadlock"],
               "cpu": cpu_model(), "loadavg_1m": round(os.getloadavg()[0], 2),
               "command": "python bench/orchestration.py " + " ".join(sys.argv[1:])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -224,6 +224,8 @@ def _register_subcommands() -> None:
     from mainspring.sandbox.cli import sandbox_app
     from mainspring.agents.cli import audit_app, run_cmd, runs_app
     from mainspring.agents.plans.cli import plan_cmd, plans_app
+    from mainspring.agents.plans.schedule_cli import schedules_app
+    from mainspring.agents.plans.deadlocks_cli import deadlocks_app
     from mainspring.scenes.cli import app as scene_app
     from mainspring.engine.cli import perplexity_cmd
     from mainspring.train.cli import train_cmd
@@ -237,9 +239,14 @@ def _register_subcommands() -> None:
     app.add_typer(runs_app, name="runs", help="agent runs: list, show, events, approve, reject, cancel, pause, "
                                               "resume, budget")
     app.add_typer(audit_app, name="audit", help="verify or export a run's audit trail")
-    app.command("plan", help="start a plan: a DAG of agent tasks from a YAML or JSON file")(plan_cmd)
+    app.command("plan", help="start a plan: a DAG of agent tasks from a YAML or JSON file, or from a goal "
+                             "(the planner agent writes the tasks)")(plan_cmd)
     app.add_typer(plans_app, name="plans", help="plans: list, show, events, approve, reject, cancel, pause, "
                                                 "resume, approve-task, reject-task")
+    app.add_typer(schedules_app, name="schedules", help="cron schedules and webhooks that start plans or agent "
+                                                        "runs: list, create, delete, pause, resume")
+    app.add_typer(deadlocks_app, name="deadlocks", help="deadlocks and livelocks between plan tasks: list, show, "
+                                                        "resolve; and who waits for whom (waits)")
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
     app.command("perplexity", help="perplexity of a text file under a KV policy "
                                    "(window, sinks, cold tier)")(perplexity_cmd)

@@ -9,11 +9,12 @@ for checks that compare the models with the migrations. A new table module is ad
 from __future__ import annotations
 
 from mainspring.agents import tables as agent_tables
+from mainspring.agents.plans import schedule_tables
 from mainspring.agents.plans import tables as plan_tables
 from mainspring.store import tables as store_tables
 from mainspring.store.base import Base
 
-TABLE_MODULES = (store_tables, agent_tables, plan_tables)
+TABLE_MODULES = (store_tables, agent_tables, plan_tables, schedule_tables)
 metadata = Base.metadata
 
 __all__ = ["Base", "TABLE_MODULES", "metadata"]

@@ -77,12 +77,14 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
                token_budget: int | None = None, cost_budget_u: int | None = None,
                attachments: dict[str, str] | None = None, project_id: int | None = None,
                api_key_id: str | None = None, run_id: str | None = None,
-               output_schema: dict | None = None, model: str | None = None) -> RunRow:
+               output_schema: dict | None = None, model: str | None = None,
+               parent_run_id: str | None = None) -> RunRow:
     """A queued run of agent `agent_id` in project `project_id`, created by key `api_key_id` (whose ledger and
     budgets its model calls use); its thread must be the project's own. `run_id` is for a caller that wrote the
     id down before creating the run (the plan scheduler), so a crash in between cannot make two runs.
     `output_schema` is the JSON Schema its final answer must meet, and `model` the model it calls, both over its
-    agent's (a plan task's artifact schema; the model its complexity routes it to)."""
+    agent's (a plan task's artifact schema; the model its complexity routes it to). `parent_run_id`: the run
+    that asked for this one (ask_agent)."""
     with session(db) as s:
         spec = agent_spec(s, agent_id)
         if thread_id is None:
@@ -103,7 +105,7 @@ def create_run(db: str, agent_id: str, goal: str, *, thread_id: str | None = Non
                 usd_to_micro(limits.cost_budget_usd) if limits.cost_budget_usd else None),
             attachments_json=json.dumps(attachments or {}),
             output_schema_json=json.dumps(output_schema) if output_schema is not None else None,
-            model_override=model,
+            model_override=model, parent_run_id=parent_run_id,
             status=RunStatus.QUEUED,
             cancel_requested=False, pause_requested=False, attempt=0, step_count=0, prompt_tokens=0,
             completion_tokens=0, cached_tokens=0, cost_u=0, created_at=now(), updated_at=now(),

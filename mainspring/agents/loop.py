@@ -23,7 +23,8 @@ from mainspring.agents.context import CHARS_PER_TOKEN, Prompt, build_prompt, nee
 from mainspring.agents.journal import LeaseLost, RunState
 from mainspring.agents.status import RunStatus, ToolCallStatus
 from mainspring.agents.attachments import AttachmentPolicy, AttachmentRefused
-from mainspring.agents.tools.base import Tool, ToolContext, ToolError, ToolResult, TransientToolError, openai_schema
+from mainspring.agents.tools.base import (EndRun, Tool, ToolContext, ToolError, ToolResult, TransientToolError,
+                                          openai_schema)
 from mainspring.models import ChatModel, Completion, Usage
 from mainspring.retry import backoff_delay
 
@@ -72,6 +73,7 @@ class RunLoop:
     # writes queued for the next commit (writes.py); it only holds writes between two awaits, see _commit
     batch: writes.Batch = field(init=False, repr=False)  # set by drive()
     committing: asyncio.Future | None = None
+    ending: EndRun | None = None  # a tool ended the run (a handoff): finished after its call is recorded
 
     async def drive(self) -> None:
         import threading
@@ -192,6 +194,9 @@ class RunLoop:
                 await self._commit()
                 return False
             await self._execute(state, call, tool)
+            if self.ending is not None:
+                await self._finish(RunStatus.SUCCEEDED, result=self.ending.result, stop_reason=self.ending.stop_reason)
+                return False
         return True
 
     def _allowed_tool(self, state: RunState, name: str) -> Tool | None:
@@ -246,6 +251,9 @@ class RunLoop:
                 await self.env.sleep(backoff_delay(attempt, delay, 60))
             except ToolError as exc:
                 return ToolResult(str(exc), is_error=True)
+            except EndRun as end:
+                self.ending = end
+                return ToolResult(end.content, data={"stop_reason": end.stop_reason})
         raise AssertionError("unreachable")
 
     def _save_artifacts(self, call_id: str, result: ToolResult) -> list[dict]:

@@ -24,6 +24,9 @@ from mainspring.agents.event_bus import EventBus
 from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.loop import ModelResolver
 from mainspring.agents.plans import store as plan_store
+from mainspring.agents.delegate import ask_agent_tool
+from mainspring.agents.plans.plan_tools import coordination_tools
+from mainspring.agents.plans.schedule_service import Schedules
 from mainspring.agents.plans.scheduler import PlanScheduler
 from mainspring.agents.plans.service import Plans
 from mainspring.agents.spec import AgentSpec
@@ -33,6 +36,7 @@ from mainspring.agents.tables import (AgentRow, ArtifactRow, EventRow, Interrupt
 from mainspring.agents.tools.base import Tool
 from mainspring.agents.worker import Worker, list_price
 from mainspring.config import Settings
+from mainspring.models import ChatModel
 from mainspring.store.db import init_db, session
 from mainspring.store.ids import new_id
 
@@ -64,6 +68,10 @@ class AgentRuntime:
         self.db = db_url or settings.resolved_database_url()
         init_db(self.db)
         self.tools = dict(tools if tools is not None else default_tools(settings))
+        # what plan tasks' agents coordinate with (messages, handoffs); a tool of the same name given here wins
+        for coordination in coordination_tools(self.db, wake=lambda: self.scheduler.wake()):
+            self.tools.setdefault(coordination.name, coordination)
+        self.tools.setdefault("ask_agent", ask_agent_tool(self.db, notify=lambda: self.worker.notify()))
         if sandbox is None:  # cheap until a job runs: the host is checked on first use
             from mainspring.sandbox import get_sandbox
 
@@ -108,8 +116,23 @@ class AgentRuntime:
     @property
     def plans(self) -> Plans:
         """Plans (task graphs of agent runs) as this scope sees them."""
-        return Plans(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id, self.scope.api_key_id,
-                     set(self.tools), wake=self.scheduler_wake, model_exists=self._model_exists)
+        plans = Plans(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id, self.scope.api_key_id,
+                      set(self.tools), wake=self.scheduler_wake, model_exists=self._model_exists,
+                      price=self.worker.env.price, planner=self._planner_model, planner_model=self.settings.model)
+        plans.cancel_run = self.scheduler.cancel_run  # a deadlock's victim, failed by a person
+        return plans
+
+    def _planner_model(self, name: str) -> ChatModel:
+        """The planner agent's model: resolved as a run's is, for this scope's project (a default of
+        Settings.model, which the server's resolver serves on its engine)."""
+        return self.worker.env.models(name, self.scope.project_id)
+
+    @property
+    def schedules(self) -> Schedules:
+        """Cron schedules and webhook triggers of plans and agent runs, as this scope sees them."""
+        return Schedules(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id,
+                         self.scope.api_key_id, set(self.tools), wake=self.scheduler_wake, notify=self.worker.notify,
+                         model_exists=self._model_exists)
 
     def _model_exists(self, name: str) -> bool:
         try:

@@ -74,6 +74,8 @@ class RunRow(Base):
     # the JSON Schema its final answer must meet, over its agent's output_schema (a plan task's artifact schema)
     output_schema_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     model_override: Mapped[str | None] = mapped_column(String(255), nullable=True)  # over its agent's model
+    # the run whose ask_agent call started this one (agent-as-tool); no foreign key, like a plan task's run id
+    parent_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

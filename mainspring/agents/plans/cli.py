@@ -3,11 +3,15 @@
 with code 2, a plan that did not succeed exits 1.
 
     mainspring plan plan.yaml --follow        create the plan, then show its events until it ends
+    mainspring plan "a note on rivers"        a goal: the planner agent writes the tasks (--planner-model,
+                                              --max-tasks), then the plan starts as any other
     mainspring plans list                     the project's plans
     mainspring plans show PLAN                the task graph: state, run, artifact hash of each task
     mainspring plans approve|reject|cancel|pause|resume PLAN
     mainspring plans approve-task PLAN TASK   a task's approval gate (reject-task too)
+    mainspring plans budget PLAN --tokens N --usd X   raise the plan's budget: budget-paused tasks go on
     mainspring plans events PLAN              the plan's events, live
+    mainspring plans audit PLAN               every run's audit chain verified; the plan-level head
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from mainspring.agents.client import Server
-from mainspring.agents.plans.spec import PlanError, load_plan
+from mainspring.agents.plans.planner import MAX_TASKS
+from mainspring.agents.plans.spec import PlanError, PlanSpec, load_plan
 from mainspring.console import fail
 
 out = Console(highlight=False, soft_wrap=True)
@@ -51,16 +57,29 @@ def show_plan(plan: dict) -> None:
     out.print(f"[bold]{escape(plan['id'])}[/bold] {_state(plan['status'])}  {escape(plan.get('name') or '')}")
     out.print(f"goal: {escape(plan['goal'][:200])}")
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for col in ("task", "state", "agent", "after", "run", "artifact sha256", "error"):
+    for col in ("task", "state", "agent", "after", "run", "tokens", "cost $", "artifact sha256", "error"):
         table.add_column(col, overflow="fold")
     for t in plan.get("tasks") or []:
+        run = t["run_id"] or ""
+        if t.get("pause_reason"):  # e.g. "paused: budget", its share of the plan's budget spent
+            run += f" ({t.get('run_status')}: {t['pause_reason']})"
+        used = t.get("usage") or {}
+        tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0) if used else ""
         table.add_row(escape(t["key"]), _state(t["status"]), escape(t["agent"]), escape(",".join(t["depends_on"])),
-                      t["run_id"] or "", (t["artifact_sha256"] or "")[:12], escape((t["error"] or "")[:80]))
+                      escape(run), str(tokens), used.get("cost_usd") or "", (t["artifact_sha256"] or "")[:12],
+                      escape((t["error"] or "")[:80]))
     out.print(table)
     usage = plan.get("usage")
     if usage:
         out.print(f"[dim]{usage['runs']} runs, {usage['prompt_tokens']} prompt + {usage['completion_tokens']} "
                   f"completion tokens ({usage['cached_tokens']} cached), ${usage['cost_usd']}[/dim]")
+        if usage.get("saved_u"):
+            out.print(f"[dim]routing saved ${usage['saved_usd']}: ${usage['cost_strongest_usd']} on each task's "
+                      f"agent's own model[/dim]")
+    limits = [f"{plan['token_budget']} tokens" if plan.get("token_budget") is not None else "",
+              f"${plan['cost_budget_usd']}" if plan.get("cost_budget_usd") is not None else ""]
+    if any(limits):
+        out.print(f"[dim]budget: {', '.join(x for x in limits if x)}[/dim]")
 
 
 def follow(server: Server, plan_id: str) -> dict:
@@ -75,21 +94,70 @@ def follow(server: Server, plan_id: str) -> dict:
     return plan
 
 
-def plan_cmd(source: str = typer.Argument(..., help="a plan file (YAML or JSON): goal, tasks, ..."),
-             follow_: bool = typer.Option(False, "--follow", "-f", help="show its events until it ends"),
-             api_key: Optional[str] = API_KEY) -> None:
-    """Start a plan: a DAG of agent tasks from a plan file."""
-    path = Path(source)
-    if not path.is_file():
-        fail(f"{source!r} is not a plan file; write the tasks as YAML or JSON (docs/agents.md#plans) — "
-             "planning a bare goal with a planner agent is not built yet")
+PLAN_SUFFIXES = (".yaml", ".yml", ".json")
+PLANNER_TIMEOUT_S = 600  # the planner is a model call (two, when its first plan is refused): give it time
+
+
+def _is_yaml_plan(text: str) -> bool:
     try:
-        spec = load_plan(path)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(doc, dict) and "tasks" in doc
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a goal longer than a file name may be
+        return False
+
+
+def plan_source(source: str) -> PlanSpec | None:
+    """The plan `source` is (a plan file, or a plan's JSON or multi-line YAML text), or None: it is a goal. A
+    name like "plan.yaml" that is no file is an error, not a goal."""
+    path, text = Path(source), source.strip()
+    named_file = path.suffix.lower() in PLAN_SUFFIXES and not any(c.isspace() for c in text)
+    doc: Path | str
+    if _is_file(path) or named_file:
+        if not _is_file(path):
+            fail(f"no plan file {source!r}")
+        doc, where = path, str(path)
+    elif text.startswith("{") or ("\n" in text and _is_yaml_plan(text)):
+        doc, where = text, "the plan"
+    else:
+        return None
+    try:
+        return load_plan(doc)
     except PlanError as exc:
-        fail(f"{path}: {exc.param + ': ' if exc.param else ''}{exc}")
+        fail(f"{where}: {exc.param + ': ' if exc.param else ''}{exc}")
+
+
+def plan_cmd(source: str = typer.Argument(..., help="a plan file (YAML or JSON: goal, tasks, ...), or a goal for "
+                                                    "the planner agent to turn into tasks"),
+             follow_: bool = typer.Option(False, "--follow", "-f", help="show its events until it ends"),
+             planner_model: Optional[str] = typer.Option(None, "--planner-model", help="the model that writes the "
+                                                         "plan from a goal (default: the server's)"),
+             max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, max=MAX_TASKS,
+                                                     help="the most tasks the planner may write (default 8)"),
+             api_key: Optional[str] = API_KEY) -> None:
+    """Start a plan: a DAG of agent tasks, from a plan file or written by the planner agent from a goal."""
+    spec = plan_source(source)
     server = Server(api_key)
-    plan = server.post("/v1/plans", json.loads(spec.model_dump_json(exclude_defaults=True)))
-    out.print(f"plan {plan['id']} {plan['status']}: {len(plan['tasks'])} tasks")
+    if spec is not None:
+        if planner_model is not None or max_tasks is not None:
+            fail("--planner-model and --max-tasks are for a goal; this is a plan with its tasks written out")
+        plan = server.post("/v1/plans", json.loads(spec.model_dump_json(exclude_defaults=True)))
+        out.print(f"plan {plan['id']} {plan['status']}: {len(plan['tasks'])} tasks")
+    else:
+        body: dict = {"goal": source}
+        if planner_model is not None:
+            body["planner_model"] = planner_model
+        if max_tasks is not None:
+            body["max_tasks"] = max_tasks
+        err.print("[dim]the planner is writing the tasks…[/dim]")
+        plan = server.post("/v1/plans", body, timeout=PLANNER_TIMEOUT_S)  # a refused plan: message, exit 2
+        show_plan(plan)
     if follow_:
         plan = follow(server, plan["id"])
         raise typer.Exit(0 if plan["status"] == "succeeded" else 1)
@@ -108,6 +176,18 @@ def list_cmd(limit: int = typer.Option(20, min=1, max=500), status: Optional[str
 def show_cmd(plan_id: str, api_key: Optional[str] = API_KEY) -> None:
     """The task graph: each task's state, run, artifact hash and error; the plan's usage and cost."""
     show_plan(Server(api_key).get(f"/v1/plans/{plan_id}"))
+
+
+@plans_app.command("audit")
+def audit_cmd(plan_id: str, api_key: Optional[str] = API_KEY) -> None:
+    """Verify every run's audit chain; print the plan-level head (exit 1 when a chain is broken)."""
+    a = Server(api_key).get(f"/v1/plans/{plan_id}/audit")
+    for r in a["runs"]:
+        mark = "[green]ok[/green]" if r["ok"] else f"[red]broken at entry {r['broken_at']}: {escape(r['reason'])}[/red]"
+        where = escape(r["task"]) if r["task"] else f"asked by {r['parent_run_id']}"
+        out.print(f"{r['run_id']}  {where}  {r['entries']} entries  {mark}")
+    out.print(f"plan head {a['head']} over {a['events']} events and {len(a['runs'])} runs")
+    raise typer.Exit(0 if a["ok"] else 1)
 
 
 @plans_app.command("events")
@@ -133,6 +213,22 @@ def _task_action(action: str):
         out.print(f"task {task} of {plan['id']}: {state}")
     command.__doc__ = f"{action.capitalize()} a task waiting at its approval gate."
     return command
+
+
+@plans_app.command("budget")
+def budget_cmd(plan_id: str,
+               tokens: Optional[int] = typer.Option(None, "--tokens", min=1, help="the plan's new token budget"),
+               usd: Optional[str] = typer.Option(None, "--usd", help="the plan's new cost budget, USD, e.g. 0.50"),
+               actor: Optional[str] = None, api_key: Optional[str] = API_KEY) -> None:
+    """Raise the plan's budget; its tasks paused for their budget get their new share and go on."""
+    if tokens is None and usd is None:
+        fail("give --tokens, --usd or both")
+    body = {k: v for k, v in {"token_budget": tokens, "cost_budget_usd": usd, "actor": actor}.items() if v is not None}
+    plan = Server(api_key).post(f"/v1/plans/{plan_id}/budget", body)
+    paused = [t["key"] for t in plan.get("tasks") or [] if t.get("pause_reason") == "budget"]
+    still = f"; still over budget: {', '.join(paused)}" if paused else ""
+    out.print(f"plan {plan['id']} {plan['status']}: budget {plan.get('token_budget') or '-'} tokens, "
+              f"${plan.get('cost_budget_usd') or '-'}{still}")
 
 
 for _name in ("approve", "reject", "cancel", "pause", "resume"):

@@ -40,7 +40,7 @@ from sqlalchemy import and_, func, or_, select
 
 from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
-from mainspring.agents.plans import leader, store
+from mainspring.agents.plans import budget, deadlocks, handoffs, leader, schedules, store
 from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
 from mainspring.agents.status import TERMINAL, RunStatus
@@ -66,6 +66,9 @@ class TickReport:
     resumed: int = 0
     timed_out: int = 0
     expired: int = 0
+    fired: int = 0  # plans and runs started by schedules (schedules.py)
+    handed_off: int = 0
+    deadlocks: int = 0
 
 
 def route(plan: PlanSpec, task: TaskSpec, attempt: int) -> str | None:
@@ -147,11 +150,13 @@ class PlanScheduler:
             return report
         report.leader = True
         self._expire_gates(report)
+        report.fired = schedules.fire_due(self.db, journal.now())
         self._reconcile(report)
+        report.deadlocks = deadlocks.check(self.db, self.cancel_run)
         self._dispatch(report)
         if self._preempt(report):
             self._dispatch(report)
-        if report.dispatched or report.recreated or report.resumed:
+        if report.dispatched or report.recreated or report.resumed or report.handed_off or report.fired:
             self.notify()
         return report
 
@@ -201,6 +206,9 @@ class PlanScheduler:
                 elif run is None:
                     self._create_run(task, task.run_id)
                     report.recreated += 1
+                elif run.status == RunStatus.SUCCEEDED and run.stop_reason == "handoff":
+                    self._hand_off(task, spec, run, plan)
+                    report.handed_off += 1
                 elif run.status == RunStatus.SUCCEEDED:
                     done = store.complete_task(self.db, task.id, self._artifact(spec, run))
                     if done.status == TaskStatus.SUCCEEDED:
@@ -218,6 +226,37 @@ class PlanScheduler:
                     store.mark_running(self.db, task.id)
             except (PlanError, JournalError) as exc:  # a person changed it meanwhile: the next tick sees it
                 log.info("plan task %s: %s", task.key, exc)
+        # a run paused for its share of the plan's budget: the plan's event stream says so (once per budget)
+        for plan_id in {plan.id for _, run, plan in rows if run is not None and run.status == RunStatus.PAUSED
+                        and run.pause_reason == "budget"}:
+            budget.note_over_budget(self.db, plan_id)
+
+    def _hand_off(self, task: PlanTaskRow, spec: TaskSpec, run: RunRow, plan: PlanRow) -> None:
+        """The run handed its task to another agent: the task goes on with a fresh run of that agent (its id
+        written down first, as at dispatch), or fails as a livelock past the plan's max_handoffs."""
+        hand = handoffs.request_of(run.result)
+        if hand is None:
+            store.fail_task(self.db, task.id, f"run {run.id} ended as a handoff without saying to whom")
+            return
+        limit = store.load_spec(plan).max_handoffs
+        if task.handoffs >= limit:
+            agents = [*handoffs.chain(self.db, task, spec.agent), hand["to"]]
+            found = deadlocks.livelock(self.db, plan.id, task.key, agents, limit)
+            store.fail_task(self.db, task.id, f"livelock ({found.id}): handed over {len(agents) - 1} times, past "
+                            f"max_handoffs={limit}: {deadlocks.spell(agents)}", retryable=False)
+            return
+        run_id = new_id("run_")
+        store.hand_off(self.db, task.id, run.id, run_id, hand)
+        task.handoffs, task.agent_override, task.run_id = task.handoffs + 1, hand["to"], run_id
+        self._create_run(task, run_id)
+
+    def cancel_run(self, run_id: str) -> None:
+        """Cancel a run now (a deadlock's victim): journaled, and its step in flight cut if it is local."""
+        try:
+            control.request(self.db, run_id, "cancel", actor=ACTOR)
+        except JournalError:  # it ended meanwhile
+            return
+        self.interrupt(run_id, "cancel")
 
     @staticmethod
     def _timed_out(task: PlanTaskRow, spec: TaskSpec) -> bool:
@@ -343,12 +382,16 @@ class PlanScheduler:
             assert plan is not None
             plan_spec = store.load_spec(plan)
             spec = next(t for t in plan_spec.tasks if t.id == task.spec_key)
-            agent_id = s.scalars(select(AgentRow.id).where(AgentRow.name == spec.agent,
+            agent = task.agent_override or spec.agent  # after a handoff: the agent the task is with
+            agent_id = s.scalars(select(AgentRow.id).where(AgentRow.name == agent,
                                                            project_is(AgentRow.project_id, plan.project_id))
                                  .order_by(AgentRow.version.desc())).first()
             if agent_id is None:
-                raise PlanError(f"no agent {spec.agent!r} in the plan's project")
-        goal = render_goal(spec, store.task_inputs(self.db, task.id))
+                raise PlanError(f"no agent {agent!r} in the plan's project")
+        goal = "\n\n".join(filter(None, [render_goal(spec, store.task_inputs(self.db, task.id)),
+                                          handoffs.context(self.db, task)]))
+        token_budget, cost_budget_u = budget.new_run_budget(self.db, plan.id, agent_id)
         journal.create_run(self.db, agent_id, goal, priority=task.priority, project_id=plan.project_id,
                            api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema,
-                           model=route(plan_spec, spec, task.attempt))
+                           model=route(plan_spec, spec, task.attempt), token_budget=token_budget,
+                           cost_budget_u=cost_budget_u)

@@ -81,6 +81,13 @@ class PlanSpec(BaseModel):
                                         "on first (a cheaper one); a retry escalates to the agent's own model. None: "
                                         "every task on its agent's model")
     token_budget: Optional[int] = Field(None, ge=1)
+    message_timeout_s: float = Field(600, gt=0, le=TEN_YEARS_S, description="the longest a task waits for another's "
+                                     "message (wait_for_message); then the wait ends with an error its agent sees")
+    deadlock_policy: Literal["fail_youngest", "ask_human"] = Field(
+        "fail_youngest", description="a wait-for cycle between tasks: fail the member dispatched last, or leave it "
+        "to a human (POST /v1/diagnostics/deadlocks/{id}/resolve; past approval_ttl_s: fail_youngest)")
+    max_handoffs: int = Field(6, ge=0, le=100, description="handoffs one task may have; one more is a livelock and "
+                                                           "fails the task")
     cost_budget_usd: Optional[str] = Field(None, description="list-price USD, e.g. '0.50'")
 
     @field_validator("cost_budget_usd")

@@ -7,9 +7,9 @@ rules the scheduler and the API build on, are in transitions.py.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from mainspring.agents.journal import project_is
@@ -41,17 +41,20 @@ def _stored_agents(s: Session, project_id: int | None) -> dict[str, set[str]]:
 
 
 def create_plan(db: str, spec: PlanSpec, *, project_id: int | None, api_key_id: str | None = None,
-                agents: dict[str, set[str]] | None = None, tools: set[str] | None = None) -> PlanRow:
+                agents: dict[str, set[str]] | None = None, tools: set[str] | None = None,
+                plan_id: str | None = None, origin: dict[str, Any] | None = None) -> PlanRow:
     """Store a plan after `validate_plan` accepted it, against `agents` (default: the project's stored agents
     and their tools) and `tools` (the known tool names; None: not checked). Tasks without dependencies are ready
-    (or awaiting_approval); the plan is running, or awaiting_approval with approve_plan."""
+    (or awaiting_approval); the plan is running, or awaiting_approval with approve_plan. `plan_id` is for a caller
+    that wrote the id down first (a schedule's fire), so a crash in between cannot make two plans. `origin` (how
+    the plan was made, e.g. {"planned_by": {...}}) goes into the data of its first event, plan.created."""
     from mainspring.billing.prices import usd_to_micro
 
     with session(db) as s:
         validate_plan(spec, agents=_stored_agents(s, project_id) if agents is None else agents, tools=tools)
         graph, t = plan_graph(spec), now()
         status = PlanStatus.AWAITING_APPROVAL if spec.approve_plan else PlanStatus.RUNNING
-        row = PlanRow(id=new_id("plan_"), project_id=project_id, api_key_id=api_key_id, name=spec.name,
+        row = PlanRow(id=plan_id or new_id("plan_"), project_id=project_id, api_key_id=api_key_id, name=spec.name,
                       goal=spec.goal, spec_json=spec.model_dump_json(), status=status, priority=spec.priority,
                       token_budget=spec.token_budget,
                       cost_budget_u=usd_to_micro(spec.cost_budget_usd) if spec.cost_budget_usd else None,
@@ -69,7 +72,8 @@ def create_plan(db: str, spec: PlanSpec, *, project_id: int | None, api_key_id: 
         s.add_all(tx.tasks.values())
         by_status = {st: [k for k, r in tx.tasks.items() if r.status == st] for st in TaskStatus}
         tx.event("plan.created", name=spec.name, status=status, tasks=len(spec.tasks),
-                 ready=by_status[TaskStatus.READY], awaiting_approval=by_status[TaskStatus.AWAITING_APPROVAL])
+                 ready=by_status[TaskStatus.READY], awaiting_approval=by_status[TaskStatus.AWAITING_APPROVAL],
+                 **(origin or {}))
     with graphs_lock:
         graphs[row.id] = (spec, graph)
     return row
@@ -232,6 +236,25 @@ def mark_dispatched(db: str, task_id: str, run_id: str) -> PlanTaskRow:
         return task
 
 
+def hand_off(db: str, task_id: str, previous_run_id: str, run_id: str, hand: dict[str, Any]) -> PlanTaskRow:
+    """The task's run `previous_run_id` handed it to agent hand["to"]: it stays in flight with that agent and the
+    fresh `run_id` (written down before the run is created, as at dispatch). Guarded on the previous run id, so
+    of concurrent callers exactly one wins; the others get PlanError 409."""
+    with session(db) as s:
+        tx, task = open_task(s, task_id, ANY)
+        moved = s.execute(update(PlanTaskRow).where(PlanTaskRow.id == task_id, PlanTaskRow.run_id == previous_run_id,
+                                                    PlanTaskRow.status.in_(list(IN_FLIGHT)))
+                          .values(run_id=run_id, status=TaskStatus.DISPATCHED.value, agent_override=hand["to"],
+                                  handoffs=PlanTaskRow.handoffs + 1, updated_at=now())
+                          .execution_options(synchronize_session=False))
+        if cast(CursorResult, moved).rowcount != 1:
+            raise PlanError(f"cannot hand off task {task.key!r}: its run is no longer {previous_run_id}", status=409)
+        s.refresh(task)
+        tx.event("task.handed_off", task.key, run_id=run_id, previous_run_id=previous_run_id,
+                 attempt=task.attempt, **{k: hand.get(k) for k in ("from", "to", "note")})
+        return task
+
+
 def mark_running(db: str, task_id: str) -> PlanTaskRow:
     """dispatched -> running (its run started)."""
     with session(db) as s:
@@ -273,6 +296,9 @@ def complete_task(db: str, task_id: str, value: Any, *, project_id: ProjectScope
     return _task_change(db, task_id, project_id, IN_FLIGHT, "complete", change)
 
 
-def fail_task(db: str, task_id: str, error: str, *, project_id: ProjectScope = ANY) -> PlanTaskRow:
-    """The task's run failed with `error`: retried, skipped or failed per its on_failure."""
-    return _task_change(db, task_id, project_id, IN_FLIGHT, "fail", lambda tx, task: fail(tx, task, error))
+def fail_task(db: str, task_id: str, error: str, *, project_id: ProjectScope = ANY,
+              retryable: bool = True) -> PlanTaskRow:
+    """The task's run failed with `error`: retried, skipped or failed per its on_failure (never retried when not
+    `retryable`: a deadlock's victim or a livelock would only do it again)."""
+    return _task_change(db, task_id, project_id, IN_FLIGHT, "fail",
+                        lambda tx, task: fail(tx, task, error, retryable=retryable))

@@ -101,6 +101,9 @@ class PlanTaskRow(Base):
     artifact_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # canonical JSON (spec.artifact_bytes)
     artifact_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # the agent the task is with after a handoff (None: its TaskSpec's), and how many handoffs it has had
+    agent_override: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    handoffs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0009 added it to old rows
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -121,6 +124,66 @@ class PlanEventRow(Base):
     task_key: Mapped[str | None] = mapped_column(String(96), nullable=True)
     data_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PlanMessageRow(Base):
+    """A message from one task's agent to another's in the same plan (send_message). `taken_by_call` is the
+    wait_for_message call that received it: a call re-run after a crash receives the same message again."""
+
+    __tablename__ = "plan_messages"
+    __table_args__ = (Index("ix_plan_messages_inbox", "plan_id", "to_task", "from_task"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    from_task: Mapped[str] = mapped_column(String(96))
+    to_task: Mapped[str] = mapped_column(String(96))
+    body: Mapped[str] = mapped_column(Text)
+    sent_by_call: Mapped[str] = mapped_column(String(64), unique=True)  # a re-run send is not sent twice
+    taken_by_call: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PlanWaitRow(Base):
+    """One task waiting on another (wait_for_message): the edges of the plan's wait-for graph while open
+    (`ended_at` None). The waiting tool call reads `outcome` back: received, timed_out, target_ended, deadlock,
+    released."""
+
+    __tablename__ = "plan_waits"
+    __table_args__ = (Index("ix_plan_waits_open", "ended_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    call_id: Mapped[str] = mapped_column(String(64), unique=True)  # the waiting tool call: one wait per call
+    waiter: Mapped[str] = mapped_column(String(96))  # task key
+    target: Mapped[str] = mapped_column(String(96))  # task key
+    run_id: Mapped[str] = mapped_column(String(64))  # the waiter's run
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    deadline_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class DeadlockRow(Base):
+    """A wait-for cycle (kind "deadlock") or a task handed back and forth past its plan's max_handoffs (kind
+    "livelock"), as detected, and how it was resolved: `status` open (a human decides: deadlock_policy
+    ask_human) or resolved, `victim` the task failed or released."""
+
+    __tablename__ = "deadlocks"
+    __table_args__ = (Index("ix_deadlocks_project_detected", "project_id", "detected_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "dl_<hex>"
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # deadlock | livelock
+    cycle_json: Mapped[str] = mapped_column(Text)  # task keys, the first repeated last: ["a", "b", "c", "a"]
+    wait_ids_json: Mapped[str] = mapped_column(Text)  # the open waits that formed it (a cycle is reported once)
+    policy: Mapped[str] = mapped_column(String(24))
+    status: Mapped[str] = mapped_column(String(16))
+    victim: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    resolution: Mapped[str | None] = mapped_column(Text, nullable=True)
+    detected_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class LeaderLeaseRow(Base):

@@ -269,6 +269,7 @@ def fail(tx: Tx, task: PlanTaskRow, error: str, *, retryable: bool = True) -> li
     if spec.on_failure == "retry" and retryable and task.attempt < spec.max_attempts:
         previous, task.run_id, task.dispatched_at = task.run_id, None, None
         task.status, task.error, task.attempt, task.ready_at = TaskStatus.READY, error, task.attempt + 1, now()
+        task.agent_override, task.handoffs = None, 0  # a retry starts over with the task's own agent
         task.updated_at = task.ready_at
         tx.event("task.retrying", task.key, attempt=task.attempt, error=error, previous_run_id=previous)
         return []

@@ -21,6 +21,15 @@ class TransientToolError(ToolError):
     """A failure worth retrying (timeouts, a busy resource): the loop retries with backoff up to `retries`."""
 
 
+class EndRun(Exception):
+    """Raised by a tool to end its run here, successfully, with `result` and `stop_reason` (a handoff: the run's
+    work goes on in another agent's run). The call is recorded as completed with `content` first."""
+
+    def __init__(self, content: str, result: str, stop_reason: str):
+        super().__init__(content)
+        self.content, self.result, self.stop_reason = content, result, stop_reason
+
+
 @dataclass
 class Artifact:
     name: str

@@ -17,13 +17,18 @@ async def _authenticate(request: Request) -> None:
 
 
 def api_router() -> APIRouter:
-    """Every /v1 route, each behind `hooks.authenticate`."""
+    """Every /v1 route, each behind `hooks.authenticate` but the webhook deliveries (`/v1/hooks/{id}`)."""
     # imported here: they import this module
     from mainspring.api.routes import chat, completions, embeddings, messages, models, usage
     from mainspring.api.routes import agents, batches, files, fine_tuning, graders, plans, responses, runs
+    from mainspring.api.routes import diagnostics, schedules
 
     router = APIRouter(dependencies=[Depends(_authenticate)])
     for module in (models, chat, completions, messages, embeddings, usage, files, batches, fine_tuning, graders,
-                   agents, runs, plans, responses):
+                   agents, runs, plans, schedules, diagnostics, responses):
         router.include_router(module.router)
-    return router
+    outer = APIRouter()
+    outer.include_router(router)
+    # webhook deliveries carry no API key: their HMAC signature authenticates them (routes/schedules.py)
+    outer.include_router(schedules.hooks_router)
+    return outer
