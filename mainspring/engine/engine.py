@@ -13,6 +13,7 @@ import torch
 from rich.progress import Progress
 
 from mainspring.config import Settings, get_settings
+from mainspring.engine.allocator import keep_freed_memory
 from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
@@ -55,6 +56,7 @@ class LLMEngine:
         self.config = config or EngineConfig()
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
+        keep_freed_memory()  # activations reuse freed pages instead of faulting new ones (allocator.py)
         self.name = loaded.name
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer

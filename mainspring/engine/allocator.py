@@ -1,0 +1,58 @@
+"""Keep freed memory in the process, so a forward pass's large tensors do not page-fault on every step.
+
+A prefill step allocates and frees megabyte-sized activations layer after layer ([2,000 × 1,536] fp32 for the
+MLP is 12 MB). glibc's malloc serves such sizes with mmap or from the top of the heap, and on free it hands the
+pages back to the kernel (munmap, or a trim once the free space at the top passes M_TRIM_THRESHOLD). The next
+layer's tensor then faults every 4 KiB page in again and the kernel zeroes it: on AMD EPYC (2 threads,
+SmolLM2-135M, 2,000-token prefill) `silu` took 11.4 ms a call and `mul` 2.7 ms, against 2.6 and 0.8 ms once the
+pages stay mapped. vLLM's CPU build gets the same effect by asking for tcmalloc in LD_PRELOAD; a preload cannot be
+set from inside a running process, but glibc's own knobs can:
+
+- M_MMAP_THRESHOLD at its ceiling (32 MiB on 64-bit): activations come from the heap, not fresh mappings (setting
+  it also stops glibc's dynamic threshold from moving);
+- M_TRIM_THRESHOLD large: free space at the top of the heap is kept for the next allocation.
+
+Memory freed this way stays in the process's RSS up to its peak working set, which the engine reaches on its
+first long prefill anyway. Other C libraries (musl, macOS) have no mallopt: nothing is changed there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+log = logging.getLogger("mainspring.engine")
+
+M_TRIM_THRESHOLD = -1  # glibc's malloc.h parameter numbers
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_THRESHOLD = 2**30  # keep up to 1 GiB free at the heap's top
+
+_applied: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's malloc once per process as the module docstring says; True when it took effect."""
+    global _applied
+    if _applied is None:
+        _applied = _tune()
+        if _applied:
+            log.info("allocator: glibc malloc keeps freed memory (mmap threshold %d MiB, trim threshold %d MiB)",
+                     MMAP_THRESHOLD_MAX >> 20, TRIM_THRESHOLD >> 20)
+    return _applied
+
+
+def _tune() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt answers 1 on success, 0 for a value it refuses
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
