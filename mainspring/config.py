@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     agent_workspace_copy_mb: int = Field(32, ge=1, description="run workspace copied into each code tool job")
     plan_max_running: int = Field(16, ge=1, description="tasks of all plans in flight at once, deployment-wide "
                                   "(the one plan scheduler dispatches up to this many runs)")
+    plan_min_run_tokens_per_s: float = Field(
+        0.0, ge=0, description="decode rate each plan task's run on the embedded engine should get: a task starts "
+        "only while the engine's measured tokens/s over its runs in flight plus one stays at or above this (0 = off)")
 
     finetuned_dir: str = Field("", description="fine-tuned models served by the API, one Hugging Face folder each "
                                "named by its model id (ft:...); empty = <data_dir>/finetuned")

@@ -25,6 +25,7 @@ from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.loop import ModelResolver
 from mainspring.agents.plans import store as plan_store
 from mainspring.agents.delegate import ask_agent_tool
+from mainspring.agents.plans.admission import Admission
 from mainspring.agents.plans.plan_tools import coordination_tools
 from mainspring.agents.plans.schedule_service import Schedules
 from mainspring.agents.plans.scheduler import PlanScheduler
@@ -83,7 +84,15 @@ class AgentRuntime:
         self.scheduler = PlanScheduler(self.db, self.worker.owner, max_running=settings.plan_max_running,
                                        lease_s=min(settings.agent_lease_s, 10.0), notify=self.worker.notify,
                                        interrupt=lambda run_id, order: self.worker.interrupt(
-                                           run_id, order, cut=order == "cancel"))
+                                           run_id, order, cut=order == "cancel"),
+                                       # a failed on_failure "replan" task is revised by the planner's model
+                                       replanner=self._planner_model, replan_model=settings.model,
+                                       # sandbox slots, the engine's measured tokens/s (the server's resolver
+                                       # measures its engine; a plain one has none) and project budgets
+                                       admission=Admission(sandbox_slots=settings.sandbox_slots,
+                                                           min_tokens_per_s=settings.plan_min_run_tokens_per_s,
+                                                           engine_rate=getattr(models, "engine_rate", None),
+                                                           engine_key=getattr(models, "engine_key", None)))
         self.worker.on_run_done = self.scheduler.wake  # a task's run ended: its dependents may be ready now
         self.event_bus = EventBus(self.db)  # wakes the SSE followers of runs (api/routes/runs.py)
         self.attachments = AttachmentPolicy.from_settings(settings)

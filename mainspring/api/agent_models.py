@@ -38,6 +38,19 @@ class AppModels:
             return set()
         return {DEFAULT_MODEL, EMBEDDED_MODEL, self.configured_model, self.engine.engine.name}
 
+    def _on_engine(self, name: str) -> bool:
+        return self.engine is not None and self.upstreams.get(name) is None and name in self.local_names()
+
+    def engine_rate(self, name: str) -> float | None:
+        """The embedded engine's measured tokens/s when `name` runs on it (engine/decode_rate.py), else None: an
+        upstream or fine-tuned model, or no step measured yet. The plan scheduler's admission reads it."""
+        meter = getattr(self.engine, "decode_rate", None)
+        return meter.tokens_per_s() if meter is not None and self._on_engine(name) else None
+
+    def engine_key(self, name: str) -> str:
+        """One name for every alias of the embedded engine, so admission counts its runs together."""
+        return self.engine.engine.name if self.engine is not None and self._on_engine(name) else name
+
     def __call__(self, name: str, project_id: int | None = None) -> ChatModel:
         if name in self._cache:
             return self._cache[name]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import AsyncIterator
 
 from mainspring.compute import compute_thread
+from mainspring.engine.decode_rate import DecodeRate
 from mainspring.engine.engine import LLMEngine, Prompt
 from mainspring.engine.outputs import RequestOutput
 from mainspring.engine.params import SamplingParams
@@ -28,6 +30,7 @@ class AsyncLLMEngine:
         self._error: BaseException | None = None
         self._compute = compute_thread()
         self._compute.register(self)
+        self.decode_rate = DecodeRate()  # what the plan scheduler's admission reads (engine/decode_rate.py)
 
     @property
     def tokenizer(self):
@@ -105,7 +108,9 @@ class AsyncLLMEngine:
             if not self.engine.has_unfinished():
                 return False
             try:
+                started = time.perf_counter()
                 outputs = self.engine.step()
+                self.decode_rate.record(sum(len(o.delta_token_ids) for o in outputs), time.perf_counter() - started)
             except BaseException as exc:  # deliver to every waiting stream instead of dying silently
                 self._error = exc
                 self._compute.unregister(self)

@@ -166,12 +166,14 @@ def _refusal(exc: PlanError) -> str:
     return f"the planner's plan {what}{where}: {exc.message}"
 
 
-async def _ask(model: ChatModel, messages: list[Message], schema: dict, max_tokens: int) -> tuple[str, bool]:
-    """One planner call: (its text, whether max_tokens cut it). A model failure is a PlanError, not retried
-    here: it is not the plan's fault (an upstream's own retries have run)."""
+async def ask(model: ChatModel, messages: list[Message], schema: dict, max_tokens: int,
+              name: str = "plan") -> tuple[str, bool]:
+    """One planner call under `schema` (named `name`): (its text, whether max_tokens cut it). A model failure is
+    a PlanError, not retried here: it is not the plan's fault (an upstream's own retries have run). Also the
+    replanner's (replan.py)."""
     try:
         out = await model.chat(messages, response_format={"type": "json_schema", "json_schema": {
-            "name": "plan", "schema": schema, "strict": True}}, max_tokens=max_tokens, temperature=0.0)
+            "name": name, "schema": schema, "strict": True}}, max_tokens=max_tokens, temperature=0.0)
     except UpstreamError as exc:
         raise PlanError(f"the planner model {model.model!r} failed: {exc.message}", status=502) from exc
     except ValueError as exc:  # the engine refused the request (too long for its context, ...)
@@ -196,7 +198,7 @@ async def draft(model: ChatModel, goal: str, agents: list[AgentSummary], *, max_
     errors: list[str] = []
     for attempt in range(1, max(1, attempts) + 1):
         try:
-            text, cut = await _ask(model, messages, schema, max_tokens)
+            text, cut = await ask(model, messages, schema, max_tokens)
         except PlanError as exc:
             if not errors:
                 raise

@@ -20,7 +20,7 @@ stand by. A tick of the leader:
    ready one, and winning one resumes its run, which goes on from its last completed step.
 
 A task's run calls its agent's model, or the plan's `simple_model` when the task is simple (declared, or by a
-rule of thumb: `route`) on its first attempt; a retry escalates to the agent's own model.
+rule of thumb: task_run.route) on its first attempt; a retry escalates to the agent's own model.
 
 A run's goal is the task's prompt ({goal} and {item} filled in) followed by each upstream artifact whole, as
 the exact canonical JSON the upstream stored, with its sha256: no summary between stages. A task with an
@@ -33,18 +33,21 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sqlalchemy import and_, func, or_, select
 
 from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
-from mainspring.agents.plans import budget, deadlocks, handoffs, leader, schedules, store
-from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
+from mainspring.agents.plans import budget, deadlocks, handoffs, leader, replan, schedules, store
+from mainspring.agents.plans.admission import Admission, candidates
+from mainspring.agents.plans.task_run import render_goal, route
+from mainspring.agents.plans.spec import PlanError, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
 from mainspring.agents.status import TERMINAL, RunStatus
 from mainspring.agents.tables import AgentRow, RunRow
+from mainspring.models import ChatModel
 from mainspring.store.db import session
 from mainspring.store.ids import new_id
 
@@ -69,47 +72,25 @@ class TickReport:
     fired: int = 0  # plans and runs started by schedules (schedules.py)
     handed_off: int = 0
     deadlocks: int = 0
-
-
-def route(plan: PlanSpec, task: TaskSpec, attempt: int) -> str | None:
-    """The model a task's run calls instead of its agent's, or None. With the plan's `simple_model`, a simple task
-    (declared, or "auto": a prompt of at most 60 words reading at most one upstream artifact) runs its first
-    attempt on it; a retry escalates to the agent's own, stronger model (a failed schema check, a failed run)."""
-    if plan.simple_model is None or attempt > 1:
-        return None
-    simple = task.complexity == "simple" or (
-        task.complexity == "auto" and len(task.prompt.split()) <= 60 and len(task.depends_on) <= 1)
-    return plan.simple_model if simple else None
-
-
-def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
-    """The run's goal: the prompt, then every input artifact verbatim with its hash."""
-    text = spec.prompt.replace("{goal}", inputs["goal"])
-    if "item_json" in inputs:
-        text = text.replace("{item}", inputs["item_json"])
-    parts = [text]
-    if "{goal}" not in spec.prompt:
-        parts.append(f"The plan's goal: {inputs['goal']}")
-    if "item_json" in inputs and "{item}" not in spec.prompt:
-        parts.append(f'<item index="{inputs["item_index"]}" sha256="{inputs["item_sha256"]}">\n'
-                     f'{inputs["item_json"]}\n</item>')
-    for key, body in inputs["upstream_json"].items():
-        parts.append(f'<artifact task="{key}" sha256="{inputs["hashes"][key]}">\n{body}\n</artifact>')
-    return "\n\n".join(parts)
+    blocked: dict[str, int] = field(default_factory=dict)  # ready tasks held back, by reason (admission.py)
 
 
 class PlanScheduler:
     def __init__(self, db: str, owner: str, *, max_running: int = 8, lease_s: float = 10.0, poll_s: float = 0.5,
                  notify: Callable[[], None] = lambda: None,
-                 interrupt: Callable[[str, str], None] = lambda run_id, order: None) -> None:
+                 interrupt: Callable[[str, str], None] = lambda run_id, order: None, admission: Admission | None = None,
+                 replanner: Callable[[str], ChatModel] | None = None, replan_model: str = "smollm2") -> None:
         self.db, self.owner = db, owner
         self.max_running, self.lease_s, self.poll_s = max_running, lease_s, poll_s
         self.notify = notify  # the local worker: a new run is there to claim
         # the local worker, at once: (run id, "pause") stops the run at its next step boundary, (run id, "cancel")
         # cuts its step in flight; another process's worker reads the journaled request at its next heartbeat
         self.interrupt = interrupt
+        self.admission = admission or Admission()  # capacities beyond max_running: admission.py
         self._main: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        # failed on_failure "replan" tasks revised by the planner model `replan_model`, beside the ticks (replan.py)
+        self.replans = replan.Replanner(db, replanner, replan_model, on_done=self.wake)
 
     # ---- the loop ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,6 +101,7 @@ class PlanScheduler:
             self._main.cancel()
             await asyncio.gather(self._main, return_exceptions=True)
             self._main = None
+        await self.replans.stop()
         try:
             await asyncio.to_thread(leader.release, self.db, leader.SCHEDULER_LEASE, self.owner)
         except Exception:  # shutting down: the lease then runs out by itself
@@ -131,7 +113,8 @@ class PlanScheduler:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.tick)
+                if (await asyncio.to_thread(self.tick)).leader:
+                    self.replans.kick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a database hiccup must not stop scheduling
@@ -294,15 +277,24 @@ class PlanScheduler:
         free = self.max_running - sum(in_flight.values())
         if free <= 0:
             return
-        for task in self._next_tasks(free, in_flight):
+        gate = self.admission.begin(self.db)
+        for task in candidates(free, lambda n: self._next_tasks(n, in_flight), lambda: gate.taken):
+            demand = self.admission.demand(self.db, task)
+            reason = gate.reason(demand)
+            if reason is not None:  # it stays ready (the next tick asks again); the tasks after it may start
+                report.blocked[reason] = report.blocked.get(reason, 0) + 1
+                self.admission.note_blocked(self.db, task, reason)
+                continue
             if task.status == TaskStatus.PREEMPTED:
-                self._resume(task, report)
+                if self._resume(task, report):
+                    gate.take(demand)
                 continue
             run_id = new_id("run_")
             try:
                 store.mark_dispatched(self.db, task.id, run_id)
             except PlanError:  # another scheduler took it, or a person cancelled it
                 continue
+            gate.take(demand)
             try:
                 self._create_run(task, run_id)
             except (PlanError, JournalError) as exc:  # e.g. its agent was deleted: the task fails with why
@@ -310,7 +302,7 @@ class PlanScheduler:
                 continue
             report.dispatched += 1
 
-    def _resume(self, task: PlanTaskRow, report: TickReport) -> None:
+    def _resume(self, task: PlanTaskRow, report: TickReport) -> bool:
         """A preempted task's turn again: its run first (a crash between the two leaves a running run of a
         preempted task, recorded when it ends), then the task."""
         assert task.run_id is not None  # preempted: it has its run
@@ -319,8 +311,9 @@ class PlanScheduler:
             store.resume_task(self.db, task.id)
         except (PlanError, JournalError) as exc:
             log.info("plan task %s: not resumed: %s", task.key, exc)
-            return
+            return False
         report.resumed += 1
+        return True
 
     def _preempt(self, report: TickReport) -> bool:
         """With every slot taken, pause the lowest-priority running task for a waiting one that outranks it."""
@@ -328,7 +321,8 @@ class PlanScheduler:
         if sum(in_flight.values()) < self.max_running:
             return False
         waiting = self._next_tasks(1, in_flight)
-        if not waiting:
+        # a waiting task that may not start (admission.py) would only hand the slot to another
+        if not waiting or self.admission.begin(self.db).reason(self.admission.demand(self.db, waiting[0])):
             return False
         with session(self.db, readonly=True) as s:
             victim = s.scalars(select(PlanTaskRow).join(RunRow, RunRow.id == PlanTaskRow.run_id)

@@ -61,6 +61,8 @@ class TaskSpec(BaseModel):
     priority: int = Field(0, ge=-TASK_PRIORITY, le=TASK_PRIORITY, description="higher first, within the plan")
     on_failure: Literal["fail", "retry", "skip", "replan"] = "retry"
     max_attempts: int = Field(2, ge=1, le=10, description="runs of this task, the first included (retry)")
+    max_replans: int = Field(2, ge=0, le=5, description="revisions the planner may make of this task when it "
+                             "fails (replan); then it fails as any task does")
     complexity: Literal["auto", "simple", "hard"] = "auto"
     requires_approval: bool = Field(False, description="a human approves before the task starts")
     timeout_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S)

@@ -37,6 +37,7 @@ class TaskStatus(StrEnum):
     RUNNING = "running"  # its run started; a fan-out task: its items are being worked on
     AWAITING_APPROVAL = "awaiting_approval"  # requires_approval: dependencies done, a human decides
     PREEMPTED = "preempted"  # its run paused at a step boundary for a higher-priority task; resumed later
+    REPLANNING = "replanning"  # on_failure "replan": the planner model revises it (plans/replan.py), then ready
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"  # on_failure "skip": dependents go on with the artifact null
@@ -45,7 +46,8 @@ class TaskStatus(StrEnum):
 
 TASK_TERMINAL = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED})
 TASK_DONE = frozenset({TaskStatus.SUCCEEDED, TaskStatus.SKIPPED})  # what lets dependents go on
-NOT_STARTED = frozenset({TaskStatus.WAITING, TaskStatus.READY, TaskStatus.AWAITING_APPROVAL})
+# what has no run going: ending the plan (or the fan-out a failed item belongs to) cancels it
+NOT_STARTED = frozenset({TaskStatus.WAITING, TaskStatus.READY, TaskStatus.AWAITING_APPROVAL, TaskStatus.REPLANNING})
 
 
 class PlanRow(Base):
@@ -104,6 +106,10 @@ class PlanTaskRow(Base):
     # the agent the task is with after a handoff (None: its TaskSpec's), and how many handoffs it has had
     agent_override: Mapped[str | None] = mapped_column(String(100), nullable=True)
     handoffs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0009 added it to old rows
+    # the planner's revision of the task's prompt after a failure (replan.py; None: its TaskSpec's), and how many
+    # revisions it has had; the revised agent goes in agent_override
+    prompt_override: Mapped[str | None] = mapped_column(Text, nullable=True)
+    replans: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # 0010 added it to old rows
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -18,10 +18,12 @@ Rules (the scheduler and the API build on them):
   retry (a retry would read the same artifact); an empty array makes it succeed at once with [].
 - On failure (`fail_task`, an artifact failing its schema, a rejection) per on_failure: "retry" puts the task
   back to ready with attempt + 1 while attempt < max_attempts (rejections are never retried); "skip" skips it;
-  "fail" fails it and the plan at once, cancelling every task not started; "retry" exhausted and "replan" fail
-  the task and cancel what depends on it, the rest of the plan goes on and the plan ends failed ("replan" also
-  appends task.replan_requested with the error: the planner integration comes later and will revise the plan
-  from that event instead). A failed item fails its fan-out task.
+  "fail" fails it and the plan at once, cancelling every task not started; "retry" exhausted fails the task and
+  cancels what depends on it, the rest of the plan goes on and the plan ends failed. "replan" puts the task in
+  replanning (task.replan_requested) while it has revisions left (max_replans; not for a failure that is not
+  retried): its dependents keep waiting while the leader has the planner model revise its agent and prompt
+  (replan.py), and it is then ready again with attempt + 1; with none left it fails as "retry" exhausted does
+  (task.replan_requested says it was refused). A failed item fails its fan-out task.
 - `reject_plan` cancels the plan; `reject_task` counts as a failure that is not retried.
 - A plan ends succeeded when every task succeeded or was skipped, failed when a task failed and nothing else
   can run. Ending or cancelling a plan cancels its tasks not started; tasks in flight (dispatched/running,
@@ -277,9 +279,16 @@ def fail(tx: Tx, task: PlanTaskRow, error: str, *, retryable: bool = True) -> li
         _store_artifact(task, None)
         _end_task(tx, task, TaskStatus.SKIPPED, error)
         return [task]
+    if spec.on_failure == "replan" and retryable and task.replans < spec.max_replans:
+        # the run stays named on the row until the revision: the failed attempt is still the task's latest
+        task.status, task.error, task.updated_at = TaskStatus.REPLANNING, error, now()
+        tx.event("task.replan_requested", task.key, error=error, attempt=task.attempt, replan=task.replans + 1,
+                 run_id=task.run_id)
+        return []
     _end_task(tx, task, TaskStatus.FAILED, error)
-    if spec.on_failure == "replan":
-        tx.event("task.replan_requested", task.key, error=error, attempt=task.attempt)
+    if spec.on_failure == "replan" and retryable:
+        tx.event("task.replan_requested", task.key, error=error, attempt=task.attempt, replan=None,
+                 refused=f"no replans left ({task.replans} of max_replans {spec.max_replans} used)")
     if spec.on_failure == "fail":
         end_plan(tx, PlanStatus.FAILED, f"task {task.key!r} failed: {error}")
     elif task.item_index is not None:  # an item failed: its fan-out task cannot complete
@@ -334,7 +343,7 @@ def inputs(tx: Tx, task: PlanTaskRow) -> dict[str, Any]:
     deps = [d for d in spec.depends_on if not (task.item_index is not None and d == spec.map_over)]
     done = [u for u in tx.load(deps) if u.status in TASK_DONE]
     out: dict[str, Any] = {"plan_id": tx.plan.id, "task": task.key, "attempt": task.attempt, "goal": tx.plan.goal,
-                           "prompt": spec.prompt,
+                           "prompt": task.prompt_override or spec.prompt,  # the planner's revision, if any
                            "upstream": {u.key: json.loads(u.artifact_json or "null") for u in done},
                            "upstream_json": {u.key: u.artifact_json or "null" for u in done},
                            "hashes": {u.key: u.artifact_sha256 for u in done}}
@@ -346,18 +355,21 @@ def inputs(tx: Tx, task: PlanTaskRow) -> dict[str, Any]:
     return out
 
 
-def guarded(s: Session, task_id: str, source: TaskStatus, action: str, **values: Any) -> tuple[Tx, PlanTaskRow]:
-    """Lock the task's plan, then move the task from `source` with one guarded UPDATE: (tx, the task) when this
-    caller moved it, else PlanError 409 (another caller did first, or it was never in `source`)."""
+def guarded(s: Session, task_id: str, source: TaskStatus, action: str, *, when: tuple[Any, ...] = (),
+            **values: Any) -> tuple[Tx, PlanTaskRow]:
+    """Lock the task's plan, then move the task from `source` with one guarded UPDATE (also guarded by the
+    conditions `when`): (tx, the task) when this caller moved it, else PlanError 409 (another caller did first,
+    or it was never in `source`)."""
     tx = open_plan(s, _plan_of_task(s, task_id), ANY)
     if action in ("dispatch", "resume") and tx.plan.status != PlanStatus.RUNNING:
         raise PlanError(f"cannot {action} a task of plan {tx.plan.id}: it is {tx.plan.status}", status=409)
-    result = s.execute(update(PlanTaskRow).where(PlanTaskRow.id == task_id, PlanTaskRow.status == source)
+    result = s.execute(update(PlanTaskRow).where(PlanTaskRow.id == task_id, PlanTaskRow.status == source, *when)
                        .values(**values).execution_options(synchronize_session=False))
     moved = cast(CursorResult, result).rowcount
     task = s.get(PlanTaskRow, task_id)  # read after the UPDATE: not in this session before it
     assert task is not None
     if moved != 1:
-        raise PlanError(f"cannot {action} task {task.key!r}: it is {task.status}, not {source}", status=409)
+        why = "it changed meanwhile" if task.status == source else f"it is {task.status}, not {source}"
+        raise PlanError(f"cannot {action} task {task.key!r}: {why}", status=409)
     tx.tasks[task.key] = task
     return tx, task

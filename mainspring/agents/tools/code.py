@@ -30,6 +30,9 @@ WORKSPACE_COPY_BYTES = 32 << 20  # the most workspace data copied into one job
 WORKSPACE_COPY_FILES = 2_000
 OUTPUT_CHARS = 12_000  # per stream in what the model sees: the head and the tail, the middle cut
 TIMEOUT_MARGIN_S = 30.0  # over the profile's wall time: waiting for a free slot, copying files in and out
+# the tools whose calls run in the sandbox: a run of an agent with one of them may hold a sandbox slot at any step
+# (the plan scheduler's admission counts such runs against Settings.sandbox_slots: agents/plans/admission.py)
+SANDBOX_TOOLS = frozenset({"python", "shell"})
 
 # Our own threads for blocking sandbox runs, so long jobs never starve asyncio's default executor.
 _executor: ThreadPoolExecutor | None = None

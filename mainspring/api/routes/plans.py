@@ -71,8 +71,10 @@ class TaskObject(BaseModel):
     id: str
     key: str
     status: str
-    agent: str  # the agent it is with (after a handoff, the one it was handed to)
+    agent: str  # the agent it is with (after a handoff, the one it was handed to; after a replan, the revised one)
     handoffs: int = 0
+    prompt_override: str | None = None  # after a replan: the planner's revised prompt it runs with (None: its spec's)
+    replans: int = 0  # revisions the planner made after failures (on_failure "replan")
     depends_on: list[str]
     map_over: str | None
     item_index: int | None
@@ -117,7 +119,8 @@ def task_object(row: PlanTaskRow, spec: TaskSpec, runs: dict[str, tuple[str, str
     return TaskObject(run_status=run_status, pause_reason=pause_reason,
                       usage=TaskUsageObject(**usage_fields(task_usage)) if task_usage is not None else None,
                       id=row.id, key=row.key, status=row.status, agent=row.agent_override or spec.agent,
-                      handoffs=row.handoffs, depends_on=spec.depends_on,
+                      handoffs=row.handoffs, prompt_override=row.prompt_override, replans=row.replans or 0,
+                      depends_on=spec.depends_on,
                       map_over=spec.map_over, item_index=row.item_index, attempt=row.attempt, run_id=row.run_id,
                       artifact=json.loads(row.artifact_json) if row.artifact_json is not None else None,
                       artifact_sha256=row.artifact_sha256,

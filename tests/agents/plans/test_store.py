@@ -230,14 +230,18 @@ def test_on_failure_fail_ends_the_plan_and_cancels_what_has_not_started(db_url):
     assert store.plan(db_url, p.id).status == "failed" and store.ready_tasks(db_url) == []
 
 
-def test_replan_fails_the_task_and_asks_for_a_new_plan(db_url):
-    p = make(db_url, {"id": "a", "on_failure": "replan", "max_attempts": 5})
-    a = by_key(db_url, p.id)["a"]
+def test_replan_asks_the_planner_and_without_replans_left_fails_the_task(db_url):
+    p = make(db_url, {"id": "a", "on_failure": "replan", "max_attempts": 5},
+             {"id": "b", "on_failure": "replan", "max_replans": 0})
+    a, b = by_key(db_url, p.id)["a"], by_key(db_url, p.id)["b"]
     start(db_url, a)
-    assert store.fail_task(db_url, a.id, "the approach is wrong").status == "failed"
+    start(db_url, b)
+    assert store.fail_task(db_url, a.id, "the approach is wrong").status == "replanning"  # tests/.../test_replan.py
+    assert store.fail_task(db_url, b.id, "the approach is wrong").status == "failed"
     asked = [e for e in store.events(db_url, p.id) if e.type == "task.replan_requested"]
-    assert [(e.task_key, json.loads(e.data_json)["error"]) for e in asked] == [("a", "the approach is wrong")]
-    assert store.plan(db_url, p.id).status == "failed"
+    assert [(e.task_key, json.loads(e.data_json)["error"], json.loads(e.data_json)["replan"]) for e in asked] == \
+        [("a", "the approach is wrong", 1), ("b", "the approach is wrong", None)]
+    assert store.plan(db_url, p.id).status == "running"  # a is still to be revised
 
 
 def test_two_threads_dispatching_the_same_task_exactly_one_wins(db_url):
