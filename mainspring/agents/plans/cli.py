@@ -69,6 +69,10 @@ def show_plan(plan: dict) -> None:
                       escape(run), str(tokens), used.get("cost_usd") or "", (t["artifact_sha256"] or "")[:12],
                       escape((t["error"] or "")[:80]))
     out.print(table)
+    for t in plan.get("tasks") or []:  # on_failure "replan": the planner's revision the task now runs with
+        if t.get("prompt_override"):
+            out.print(f"[dim]{escape(t['key'])} revised by the planner ({t.get('replans', 0)}×): "
+                      f"{escape(t['prompt_override'][:300])}[/dim]")
     usage = plan.get("usage")
     if usage:
         out.print(f"[dim]{usage['runs']} runs, {usage['prompt_tokens']} prompt + {usage['completion_tokens']} "

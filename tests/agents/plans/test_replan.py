@@ -25,6 +25,7 @@ from mainspring.agents.tables import AgentRow, RunRow
 from mainspring.engine.outputs import Usage
 from mainspring.models import ChatModel, Completion
 from mainspring.store.db import session
+from tests.agents.plans.test_plan_budget import plans_cli
 from tests.api.test_agent_routes import agent_server, ok
 
 ARTIFACT = re.compile(r'<artifact task="([^"]+)" sha256="([0-9a-f]{64})">\n(.*?)\n</artifact>', re.S)
@@ -80,7 +81,7 @@ def wait_http(http, plan_id: str, done, timeout: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
-def test_a_failed_task_is_revised_by_the_planner_and_reruns_with_the_revision(tmp_path):
+def test_a_failed_task_is_revised_by_the_planner_and_reruns_with_the_revision(tmp_path, monkeypatch):
     gate = threading.Event()
     model = Reviser({"agent": "fixer", "prompt": "Do it the right way."}, gate=gate)
     with agent_server(tmp_path, models=lambda name, project=None: model, tools={}) as srv:
@@ -96,6 +97,8 @@ def test_a_failed_task_is_revised_by_the_planner_and_reruns_with_the_revision(tm
         events = ok(srv.http.get(f"/v1/plans/{plan_id}/events", params={"limit": 500}))["data"]
         runs = {t["key"]: ok(srv.http.get(f"/v1/runs/{t['run_id']}")) for t in plan["tasks"]}
         agents = {r["id"]: r["name"] for r in ok(srv.http.get("/v1/agents"))["data"]}
+        shown = plans_cli(monkeypatch, srv.url, "show", plan_id)
+    assert shown.exit_code == 0 and "a revised by the planner (1×): Do it the right way." in shown.output, shown.output
     assert plan["status"] == "succeeded", plan
     a, b = plan["tasks"]
     assert (a["status"], a["attempt"], a["replans"], a["agent"], a["prompt_override"]) == \
