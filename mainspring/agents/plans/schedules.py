@@ -217,12 +217,23 @@ def _create_target(db: str, row: ScheduleRow, fire: ScheduleFireRow) -> None:
 
 def _start(db: str, fire_id: int) -> ScheduleFireRow:
     """Create the pending fire's plan or run under its written-down id, and record the outcome."""
+    return _start_fire(db, fire_id)[0]
+
+
+def _started(db: str, fire_id: int) -> bool:
+    """Whether this caller started the pending fire: a concurrent caller that got there first counts it, not us."""
+    fire, recorded = _start_fire(db, fire_id)
+    return recorded and fire.status == FireStatus.STARTED
+
+
+def _start_fire(db: str, fire_id: int) -> tuple[ScheduleFireRow, bool]:
+    """_start, and whether this caller recorded the outcome."""
     with session(db, readonly=True) as s:
         fire = s.get(ScheduleFireRow, fire_id)
         assert fire is not None  # fires are deleted only with their schedule, by a person, after a claim
         row = s.get(ScheduleRow, fire.schedule_id)
     if row is None or fire.status != FireStatus.PENDING:
-        return fire
+        return fire, False
     error = None
     try:
         _create_target(db, row, fire)
@@ -245,7 +256,7 @@ def _start(db: str, fire_id: int) -> ScheduleFireRow:
             s.execute(update(ScheduleRow).where(ScheduleRow.id == row.id).values(last_error=error)
                       .execution_options(synchronize_session=False))
     fire.status, fire.error = status.value, error
-    return fire
+    return fire, bool(moved)
 
 
 def _recover(db: str) -> int:
@@ -254,7 +265,7 @@ def _recover(db: str) -> int:
     with session(db, readonly=True) as s:
         pending = list(s.scalars(select(ScheduleFireRow.id).where(
             ScheduleFireRow.status == FireStatus.PENDING.value).order_by(ScheduleFireRow.id).limit(DUE_PER_TICK)))
-    return sum(_start(db, fire_id).status == FireStatus.STARTED for fire_id in pending)
+    return sum(_started(db, fire_id) for fire_id in pending)
 
 
 def fire_due(db: str, now: datetime) -> int:
@@ -268,7 +279,7 @@ def fire_due(db: str, now: datetime) -> int:
     for schedule_id in due:
         fire_id = _claim_cron(db, schedule_id, now)
         if fire_id is not None:
-            started += _start(db, fire_id).status == FireStatus.STARTED
+            started += _started(db, fire_id)
     return started
 
 
