@@ -110,7 +110,7 @@ class AsyncLLMEngine:
             try:
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                self.decode_rate.record(sum(len(o.delta_token_ids) for o in outputs), time.perf_counter() - started)
+                took = time.perf_counter() - started
             except BaseException as exc:  # deliver to every waiting stream instead of dying silently
                 self._error = exc
                 self._compute.unregister(self)
@@ -118,6 +118,7 @@ class AsyncLLMEngine:
                     loop.call_soon_threadsafe(q.put_nowait, exc)
                 self._queues.clear()
                 return False
+            self.decode_rate.record(sum(len(o.delta_token_ids) for o in outputs), took)
             for out in outputs:
                 target = self._queues.get(out.request_id)
                 if target is None:

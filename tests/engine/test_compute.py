@@ -17,6 +17,7 @@ from mainspring.engine.async_engine import AsyncLLMEngine
 class Out:
     request_id: str
     finished: bool
+    delta_token_ids: tuple[int, ...] = (1,)  # one new token a step, as RequestOutput says
 
 
 @dataclass
