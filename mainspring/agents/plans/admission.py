@@ -206,19 +206,20 @@ class Admission:
         if len(self._noted) >= MEMO:
             self._noted.clear()
         with session(db, readonly=True) as s:
-            fresh = _said(s, task) != reason
+            fresh = last_reason(s, task) != reason
         if fresh:
             with session(db) as s:
                 tx = open_plan(s, task.plan_id, ANY)  # locks the plan: its event numbering
-                fresh = _said(s, task) != reason
+                fresh = last_reason(s, task) != reason
                 if fresh:
                     tx.event(EVENT, task.key, reason=reason, attempt=task.attempt)
         self._noted[task.id] = said
         return fresh
 
 
-def _said(s: Session, task: PlanTaskRow) -> Any:
-    """The reason of the task's last admission_blocked event, None when a dispatch or resume came after it."""
+def last_reason(s: Session, task: PlanTaskRow) -> Any:
+    """The reason of the task's last admission_blocked event, None when a dispatch or resume came after it (a queue
+    timeout names it too: queue_wait.py)."""
     last = s.execute(select(PlanEventRow.type, PlanEventRow.data_json)
                      .where(PlanEventRow.plan_id == task.plan_id, PlanEventRow.task_key == task.key,
                             PlanEventRow.type.in_([EVENT, *RESETS]))

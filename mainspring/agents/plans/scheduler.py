@@ -2,7 +2,8 @@
 
 Every server process runs one; only the holder of the "plan-scheduler" lease acts (leader.py), the others
 stand by. A tick of the leader:
-0. gates: an approval gate undecided past its plan's approval_ttl_s takes its approval_expiry.
+0. gates: an approval gate undecided past its plan's approval_ttl_s takes its approval_expiry; a task waiting for
+   capacity (ready, or preempted and paused) past its queue_timeout_s fails without a retry (queue_wait.py).
 1. reconcile: each dispatched or running task looks at its run. A finished run completes the task with its
    result (the artifact, checked against the task's schema by the store) or fails it with the run's error;
    a task past its `timeout_s` has its run cancelled and fails (retried per on_failure with a fresh run);
@@ -40,7 +41,7 @@ from sqlalchemy import and_, func, or_, select
 
 from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
-from mainspring.agents.plans import budget, deadlocks, handoffs, leader, replan, schedules, store
+from mainspring.agents.plans import budget, deadlocks, handoffs, leader, queue_wait, replan, schedules, store
 from mainspring.agents.plans.admission import Admission, candidates
 from mainspring.agents.plans.task_run import render_goal, route
 from mainspring.agents.plans.spec import PlanError, TaskSpec
@@ -69,6 +70,7 @@ class TickReport:
     resumed: int = 0
     timed_out: int = 0
     expired: int = 0
+    queue_timed_out: int = 0  # tasks that waited for capacity past their queue_timeout_s (queue_wait.py)
     fired: int = 0  # plans and runs started by schedules (schedules.py)
     handed_off: int = 0
     deadlocks: int = 0
@@ -133,6 +135,7 @@ class PlanScheduler:
             return report
         report.leader = True
         self._expire_gates(report)
+        report.queue_timed_out = queue_wait.check(self.db, self.cancel_run)
         report.fired = schedules.fire_due(self.db, journal.now())
         self._reconcile(report)
         report.deadlocks = deadlocks.check(self.db, self.cancel_run)

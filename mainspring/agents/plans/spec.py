@@ -66,6 +66,9 @@ class TaskSpec(BaseModel):
     complexity: Literal["auto", "simple", "hard"] = "auto"
     requires_approval: bool = Field(False, description="a human approves before the task starts")
     timeout_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S)
+    queue_timeout_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S, description="the longest the task waits for "
+                                             "capacity (ready, or preempted and paused) before it fails without a "
+                                             "retry; None: the plan's queue_timeout_s")
 
 
 class PlanSpec(BaseModel):
@@ -83,6 +86,8 @@ class PlanSpec(BaseModel):
                                         "on first (a cheaper one); a retry escalates to the agent's own model. None: "
                                         "every task on its agent's model")
     token_budget: Optional[int] = Field(None, ge=1)
+    queue_timeout_s: Optional[float] = Field(None, gt=0, le=TEN_YEARS_S, description="the queue_timeout_s of a task "
+                                             "without its own; None: tasks wait for capacity as long as it takes")
     message_timeout_s: float = Field(600, gt=0, le=TEN_YEARS_S, description="the longest a task waits for another's "
                                      "message (wait_for_message); then the wait ends with an error its agent sees")
     deadlock_policy: Literal["fail_youngest", "ask_human"] = Field(

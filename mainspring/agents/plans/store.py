@@ -7,6 +7,7 @@ rules the scheduler and the API build on, are in transitions.py.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, func, select, update
@@ -302,3 +303,17 @@ def fail_task(db: str, task_id: str, error: str, *, project_id: ProjectScope = A
     `retryable`: a deadlock's victim or a livelock would only do it again)."""
     return _task_change(db, task_id, project_id, IN_FLIGHT, "fail",
                         lambda tx, task: fail(tx, task, error, retryable=retryable))
+
+
+def time_out_wait(db: str, task_id: str, error: str, *, seen: datetime, **data: Any) -> PlanTaskRow:
+    """A task waiting for capacity (ready, or preempted with its run paused) past its queue_timeout_s: the plan
+    journals `task.queue_timed_out` (with `data`: waited_s, reason, ...) and the task fails without a retry, since
+    a retry would wait in the same queue again. Guarded on `seen`, its updated_at when the caller read it: a task
+    that moved since (dispatched, resumed, retried) starts a new wait and is not failed (PlanError 409); nor is a
+    task of a plan paused since (it waits for a person now)."""
+    def change(tx: Tx, task: PlanTaskRow) -> list[PlanTaskRow]:
+        if task.updated_at != seen or tx.plan.status != PlanStatus.RUNNING:
+            raise PlanError(f"cannot time out task {task.key!r}: it or its plan changed meanwhile", status=409)
+        tx.event("task.queue_timed_out", task.key, error=error, attempt=task.attempt, **data)
+        return fail(tx, task, error, retryable=False)
+    return _task_change(db, task_id, ANY, {TaskStatus.READY, TaskStatus.PREEMPTED}, "time out", change)
