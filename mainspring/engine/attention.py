@@ -4,7 +4,9 @@ One engine step mixes decode tokens (one query each) and prefill chunks. Decode 
 "cascade" path: the KV blocks that every decoding sequence has in common (a shared system prompt
 served from the prefix cache) are gathered once and attended by all queries in a single matmul;
 only each sequence's own tail is gathered per row. Without this, 32 agents over a 1,500-token
-prompt would copy ~80 MB of K/V per layer per step.
+prompt would copy ~80 MB of K/V per layer per step. Context held in consecutive blocks (a prompt
+allocated on a fresh cache, a shared prefix, a chunked prefill's earlier chunks) is not gathered
+at all: it is read through a slice of the cache, a view.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ class PrefillSegment:
     q_len: int
     ctx_len: int  # tokens attended, cached context + this chunk
     ctx_slots: torch.Tensor | None  # [ctx_len] cache slots; None when the chunk is the whole context
+    ctx_start: int | None = None  # the first slot when those slots are one consecutive run (read as a view)
 
 
 @dataclass
 class DecodeBatch:
     num_seqs: int  # decode rows are the first num_seqs rows of the flat batch
     prefix_slots: torch.Tensor  # [Lp] slots shared by every decode row (may be empty)
+    prefix_start: int | None  # the first of them when they are one consecutive run (read as a view)
     suffix_slots: torch.Tensor  # [B, Ls] per-row tail slots, padded with a valid slot
     suffix_mask: torch.Tensor | None  # [B, 1, 1, Ls] additive mask (0 / -inf); None if no padding
 
@@ -72,7 +76,8 @@ class AttentionMetadata:
             ctx_len = start + num
             ctx_slots = _slots(block_table, ctx_len, block_size)
             slots.append(ctx_slots[start:])
-            prefills.append(PrefillSegment(q_start, num, ctx_len, ctx_slots if start else None))
+            prefills.append(PrefillSegment(q_start, num, ctx_len, ctx_slots if start else None,
+                                           _run_start(block_table, ctx_len, block_size) if start else None))
             q_start += num
         sparse = []
         for block_table, cold, start, num, policy, *observe in sparse_rows:
@@ -86,6 +91,22 @@ class AttentionMetadata:
 
 def _slot(block_table: list[int], pos: int, block_size: int) -> int:
     return block_table[pos // block_size] * block_size + pos % block_size
+
+
+def _run_start(block_table: list[int], n: int, block_size: int) -> int | None:
+    """The first slot of the first n tokens when their blocks are consecutive, else None."""
+    used = block_table[: (n + block_size - 1) // block_size]
+    if not used or any(b != used[0] + i for i, b in enumerate(used)):
+        return None
+    return used[0] * block_size
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, start: int | None = None) -> torch.Tensor:
+    """cache[slots] ([*slots.shape, KVH, D]): a view of one consecutive run, else a copy. index_select, not
+    advanced indexing: 3x faster for these row gathers (AMD EPYC, 3,200 rows of 768 bytes: 0.10 vs 0.30 ms)."""
+    if start is not None:
+        return cache[start : start + slots.numel()].view(*slots.shape, *cache.shape[1:])
+    return torch.index_select(cache, 0, slots.flatten()).view(*slots.shape, *cache.shape[1:])
 
 
 def _slots(block_table: list[int], n: int, block_size: int) -> torch.Tensor:
@@ -118,7 +139,7 @@ def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeB
             suffix[i, len(t) :] = t[0] if len(t) else prefix_slots[0]
             assert mask is not None  # made above whenever a tail is short
             mask[i, 0, 0, len(t) :] = float("-inf")
-    return DecodeBatch(len(rows), prefix_slots, suffix, mask)
+    return DecodeBatch(len(rows), prefix_slots, _run_start(first, prefix_len, block_size), suffix, mask)
 
 
 def paged_attention(
@@ -142,7 +163,7 @@ def paged_attention(
         if seg.ctx_slots is None:
             out[rows] = _prefill_attention(q[rows], k[rows], v[rows], scale, offset=0)
         else:
-            kc, vc = k_cache[seg.ctx_slots], v_cache[seg.ctx_slots]
+            kc, vc = _gather(k_cache, seg.ctx_slots, seg.ctx_start), _gather(v_cache, seg.ctx_slots, seg.ctx_start)
             out[rows] = _prefill_attention(q[rows], kc, vc, scale, offset=seg.ctx_len - seg.q_len)
     for sp in meta.sparse:
         rows = slice(sp.q_start, sp.q_start + sp.q_len)
@@ -171,27 +192,28 @@ def _decode_attention(q, k_cache, v_cache, d: DecodeBatch, scale: float) -> torc
     kvh = k_cache.shape[1]
     g = h // kvh
     qg = q.view(b, kvh, g, dim) * scale  # GQA: the g query heads of a KV head share its keys
-    lp = d.prefix_slots.numel()
+    lp, ls = d.prefix_slots.numel(), d.suffix_slots.shape[1]
+    # scores are laid out KV head first, [KVH, B, G, L]: the prefix's are one matmul per KV head over every
+    # row's queries, and its probabilities feed the next matmul as a strided view, never copied
     scores = []
     if lp:
-        kp = k_cache[d.prefix_slots].permute(1, 2, 0)  # [KVH, D, Lp]
-        q_flat = qg.permute(1, 0, 2, 3).reshape(kvh, b * g, dim)
-        sp = torch.bmm(q_flat, kp).view(kvh, b, g, lp).permute(1, 0, 2, 3)  # [B, KVH, G, Lp]
-        scores.append(sp)
-    ls = d.suffix_slots.shape[1]
+        kp = _gather(k_cache, d.prefix_slots, d.prefix_start).permute(1, 2, 0)  # [KVH, D, Lp]
+        q_flat = qg.transpose(0, 1).reshape(kvh, b * g, dim)
+        scores.append(torch.bmm(q_flat, kp).view(kvh, b, g, lp))
     if ls:
-        ks = k_cache[d.suffix_slots].permute(0, 2, 3, 1)  # [B, KVH, D, Ls]
+        ks = _gather(k_cache, d.suffix_slots).permute(0, 2, 3, 1)  # [B, KVH, D, Ls]
         ss = torch.matmul(qg, ks)  # [B, KVH, G, Ls]
         if d.suffix_mask is not None:
             ss = ss + d.suffix_mask
-        scores.append(ss)
-    probs = torch.softmax(torch.cat(scores, dim=-1) if len(scores) > 1 else scores[0], dim=-1)
-    out = torch.zeros(b, kvh, g, dim)
+        scores.append(ss.transpose(0, 1))
+    probs = torch.softmax(torch.cat(scores, dim=-1) if len(scores) > 1 else scores[0], dim=-1)  # [KVH, B, G, L]
+    out = None
     if lp:
-        pp = probs[..., :lp].permute(1, 0, 2, 3).reshape(kvh, b * g, lp)
-        vp = v_cache[d.prefix_slots].transpose(0, 1)  # [KVH, Lp, D]
-        out += torch.bmm(pp, vp).view(kvh, b, g, dim).permute(1, 0, 2, 3)
+        vp = _gather(v_cache, d.prefix_slots, d.prefix_start).transpose(0, 1)  # [KVH, Lp, D]
+        out = torch.bmm(probs[..., :lp].reshape(kvh, b * g, lp), vp).view(kvh, b, g, dim).transpose(0, 1)
     if ls:
-        vs = v_cache[d.suffix_slots].transpose(1, 2)  # [B, KVH, Ls, D]
-        out += torch.matmul(probs[..., lp:], vs)
-    return out.view(b, h, dim)
+        vs = _gather(v_cache, d.suffix_slots).transpose(1, 2)  # [B, KVH, Ls, D]
+        tail = torch.matmul(probs[..., lp:].transpose(0, 1), vs)
+        out = tail if out is None else out + tail
+    assert out is not None  # a decode row attends at least its own token
+    return out.reshape(b, h, dim)

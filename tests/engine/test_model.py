@@ -89,7 +89,10 @@ def test_rope_scaling_llama3_matches_transformers():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_chunked_prefill_then_decode_matches_transformers(arch):
+# consecutive blocks are read through a view of the cache, scattered ones gathered (attention.py)
+@pytest.mark.parametrize("table_a,table_b", [([0, 1, 2, 3, 4], [0, 1, 5, 6, 7]), ([9, 3, 2, 8, 4], [9, 3, 5, 6, 7])],
+                         ids=["consecutive", "scattered"])
+def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b):
     """Chunks attend cached context through the block table; decode rows use the cascade path."""
     hf = tiny_hf(arch)
     ours = ours_from(hf)
@@ -99,8 +102,7 @@ def test_chunked_prefill_then_decode_matches_transformers(arch):
     b = shared[:8] + torch.randint(0, 97, (5,)).tolist()
     ref_a, ref_b = hf_logits(hf, a), hf_logits(hf, b)
     cache = new_cache(ours)
-    table_a = [0, 1, 2, 3, 4]
-    table_b = [0, 1, 5, 6, 7]  # blocks 0,1 shared (prefix cache); own tail blocks
+    # table_b shares table_a's first two blocks (prefix cache), then its own tail blocks
     got_a, got_b = [], []
     with torch.no_grad():
         # step 1: A prefills 7 tokens; step 2: A's next 5 (cached context) + B's tail after its 8 shared
