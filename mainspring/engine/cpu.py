@@ -60,8 +60,16 @@ class CpuFeatures:
                 "torch_capability": self.torch_capability, "key": self.key}
 
 
+# What each torch vectorisation level lets a kernel use. A user caps it (ATEN_CPU_CAPABILITY=avx2, with
+# ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS for the libraries) to stay off AVX-512 (clock throttling, a VM
+# that does not save its state); the kernel choice then follows what the kernels will really run.
+_ABOVE_AVX2 = frozenset(f for f in X86_FLAGS if f.startswith(("avx512", "amx")))
+_CAPPED = {"AVX2": _ABOVE_AVX2, "DEFAULT": _ABOVE_AVX2}  # fbgemm's int8 runs on AVX2 whatever ATen uses
+
+
 def parse_cpuinfo(text: str, arch: str, torch_capability: str = "") -> CpuFeatures:
-    """The features a /proc/cpuinfo text names (the first processor's; they agree on one host)."""
+    """The features a /proc/cpuinfo text names (the first processor's; they agree on one host), less those above
+    torch's vectorisation level when it was capped below what the CPU has."""
     flags: set[str] = set()
     model = ""
     for line in text.splitlines():
@@ -71,7 +79,8 @@ def parse_cpuinfo(text: str, arch: str, torch_capability: str = "") -> CpuFeatur
             flags = set(value.split())
         elif name in ("model name", "cpu model", "hardware") and not model:
             model = value.strip()
-    wanted = X86_FLAGS if arch in ("x86_64", "AMD64", "i686", "i386") else ARM_FLAGS
+    x86 = arch in ("x86_64", "AMD64", "i686", "i386")
+    wanted = set(X86_FLAGS if x86 else ARM_FLAGS) - (_CAPPED.get(torch_capability, frozenset()) if x86 else set())
     return CpuFeatures(arch, model, frozenset(f for f in wanted if f in flags), torch_capability)
 
 

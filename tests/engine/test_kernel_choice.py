@@ -46,6 +46,16 @@ def test_cpuinfo_parsing_keeps_the_features_a_choice_depends_on():
     assert other.key == epyc.key != spr.key and len({epyc.key, spr.key, arm.key, old.key}) == 4
 
 
+def test_a_capped_torch_vectorisation_level_hides_the_features_above_it():
+    # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: choose as on an AVX2 one (AMX and AVX512-BF16 unused)
+    capped = parse_cpuinfo(SAPPHIRE, "x86_64", "AVX2")
+    assert capped.flags == {"avx2", "fma", "f16c"} and not capped.bf16 and capped.int8_gemm
+    assert kc.candidates(capped, True, onednn=True) == ["int8", "int4-fp32", "fp32"]
+    assert capped.key != parse_cpuinfo(SAPPHIRE, "x86_64", "AVX512").key  # a choice cached apart
+    assert parse_cpuinfo(SAPPHIRE, "x86_64", "DEFAULT").flags == capped.flags
+    assert parse_cpuinfo(GRAVITON, "aarch64", "DEFAULT").bf16  # no such cap on ARM
+
+
 @pytest.mark.parametrize("cpu, arch, int8, want", [
     (SAPPHIRE, "x86_64", True, ["int4-bf16", "bf16", "int8", "int4-fp32", "fp32"]),
     (EPYC, "x86_64", True, ["int8", "int4-fp32", "fp32"]),  # no native bf16: no bf16 weights either
