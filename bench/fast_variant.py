@@ -15,6 +15,11 @@ tok/s = generated tokens / wall time of the call).
     python bench/fast_variant.py                      # all, 2 threads, 3 repeats
     python bench/fast_variant.py --engines plain,fast --threads 1
     python bench/fast_variant.py --prompt chat --out bench/results/fast_variant_chat.json
+    python bench/fast_variant.py --isa avx2 --out bench/results/fast_variant_avx2.json  # an AVX2-only proxy
+
+`--isa avx2` caps torch, oneDNN and MKL at AVX2 in the children (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
+MKL_ENABLE_INSTRUCTIONS) on a CPU that has more: the kernels, and the kernel choice, are those of an AVX2-only
+CPU; memory bandwidth and core are still this machine's, so it is a proxy, not an AVX2 machine.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from engine import available, run_llamacpp, workload_prompts  # noqa: E402
 
 ENGINES = ("plain", "int4", "fast", "llama.cpp")
+ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 CHAT = "Write a short story about a robot who learns to paint."
 
 
@@ -87,6 +93,9 @@ def child(name: str, threads: int, repeats: int, prompt: str) -> dict:
             extra["spec_acceptance"] = round(stats["spec_accepted_tokens"] / max(1, stats["spec_draft_tokens"]), 3)
         extra["speculative"] = dataclasses.asdict(engine.config.speculative) if engine.config.speculative else None
         extra["quantization"] = getattr(engine.config, "quantization", None)
+        from mainspring.engine.cpu import detect
+
+        extra["cpu_features"] = detect().summary()  # after any --isa cap
         choice = getattr(engine, "kernel_choice", None)
         if choice is not None:  # what the per-CPU measurement picked, and why
             extra["weights"], extra["weights_reason"] = choice.name, choice.reason
@@ -101,6 +110,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt", choices=("a", "chat"), default="a",
                     help="bench/engine.py's workload a, or a chat story")
+    ap.add_argument("--isa", choices=sorted(ISA_CAPS), help="cap the instruction set the children's kernels use")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fast_variant.json"))
     ap.add_argument("--child", metavar="ENGINE", help=argparse.SUPPRESS)
     ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
@@ -120,7 +130,7 @@ def main() -> None:
         if name == "llama.cpp" and not available(name):
             print("skip llama.cpp: llama_cpp is not installed (pip install -e '.[bench]')", file=sys.stderr)
             continue
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **ISA_CAPS.get(args.isa or "", {}))
         print(f"running {name} ...", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--threads", str(args.threads),
                                "--repeats", str(args.repeats), "--prompt", args.prompt],
@@ -137,7 +147,7 @@ def main() -> None:
     from train import cpu_model
 
     report = {"cpu": cpu_model(), "prompt": args.prompt, "threads": args.threads, "repeats": args.repeats,
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "isa_cap": args.isa,
               "loadavg_1m_before": load_before,
               "loadavg_1m_after": round(os.getloadavg()[0], 2), "results": results,
               "command": "python bench/fast_variant.py " + " ".join(sys.argv[1:])}
@@ -165,6 +175,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {r['rate']:,.1f} | {', '.join(map(str, r['runs']))} | {vs_plain} | {vs_llama} | "
                      f"{r['peak_mb']} | {'; '.join(notes)} |")
     cpu = f"{report['cpu']}, " if report.get("cpu") else ""
+    if report.get("isa_cap"):
+        cpu += f"capped at {report['isa_cap'].upper()} (--isa), "
     lines.append(f"\nprompt {report.get('prompt', 'a')}, {cpu}{report['threads']} threads, "
                  f"{report['repeats']} runs each, "
                  f"load average {report['loadavg_1m_before']} before / {report['loadavg_1m_after']} after; "
