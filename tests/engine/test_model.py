@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from mainspring.engine import shared_prefix
 from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.config import ModelConfig
 from mainspring.engine.model import CausalLM
@@ -92,8 +93,11 @@ def test_rope_scaling_llama3_matches_transformers():
 # consecutive blocks are read through a view of the cache, scattered ones gathered (attention.py)
 @pytest.mark.parametrize("table_a,table_b", [([0, 1, 2, 3, 4], [0, 1, 5, 6, 7]), ([9, 3, 2, 8, 4], [9, 3, 5, 6, 7])],
                          ids=["consecutive", "scattered"])
-def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b):
+# together: step 2's two chunks over cached context attend their shared prefix in one call (shared_prefix.py)
+@pytest.mark.parametrize("together", [False, True], ids=["per-chunk", "together"])
+def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b, together, monkeypatch):
     """Chunks attend cached context through the block table; decode rows use the cascade path."""
+    monkeypatch.setattr(shared_prefix, "MIN_PREFIX_TOKENS", 1 if together else 10**9)
     hf = tiny_hf(arch)
     ours = ours_from(hf)
     torch.manual_seed(1)
@@ -108,6 +112,7 @@ def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b
         # step 1: A prefills 7 tokens; step 2: A's next 5 (cached context) + B's tail after its 8 shared
         for rows in ([(table_a, 0, 7)], [(table_a, 7, 5), (table_b, 8, 3)]):
             meta = AttentionMetadata.build([], rows, BLOCK)
+            assert (meta.shared is not None) == (together and len(rows) == 2)
             ids = [t for bt, s, n in rows for t in (a if bt is table_a else b)[s : s + n]]
             pos = [p for _, s, n in rows for p in range(s, s + n)]
             logits = ours.compute_logits(ours(torch.tensor(ids), torch.tensor(pos), cache, meta))
