@@ -95,15 +95,7 @@ class AttentionMetadata:
 
 def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeBatch:
     first = rows[0][0]
-    common_blocks = len(first)
-    for bt, _ in rows[1:]:
-        n = 0
-        for a, b in zip(first, bt[:common_blocks]):
-            if a != b:
-                break
-            n += 1
-        common_blocks = n
-    prefix_len = min([common_blocks * block_size] + [n for _, n in rows])
+    prefix_len = min([kv_slots.common_blocks([bt for bt, _ in rows]) * block_size] + [n for _, n in rows])
     prefix_slots = kv_slots.slots(first, prefix_len, block_size)
     tails = [kv_slots.slots(bt, n, block_size)[prefix_len:] for bt, n in rows]
     width = max(len(t) for t in tails)

@@ -34,3 +34,11 @@ def gather(cache: torch.Tensor, at: torch.Tensor, start: int | None = None) -> t
 def slots(block_table: list[int], n: int, block_size: int) -> torch.Tensor:
     blocks = torch.tensor(block_table[: (n + block_size - 1) // block_size], dtype=torch.long)
     return (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
+
+
+def common_blocks(tables: list[list[int]]) -> int:
+    """How many leading blocks every block table shares (prefix-cache hits are shared blocks)."""
+    first, n = tables[0], len(tables[0])
+    for table in tables[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], table)) if a != b), min(n, len(table)))
+    return n

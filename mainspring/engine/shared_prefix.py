@@ -40,10 +40,7 @@ def find(rows: Sequence[tuple[list[int], int, int]], block_size: int) -> SharedP
     if len(cached) < 2 or _FLASH is None:
         return None
     first = rows[cached[0]][0]
-    common = len(first)
-    for i in cached[1:]:
-        table = rows[i][0]
-        common = next((n for n, (a, b) in enumerate(zip(first[:common], table)) if a != b), min(common, len(table)))
+    common = kv_slots.common_blocks([rows[i][0] for i in cached])
     prefix_len = min([common * block_size] + [rows[i][1] for i in cached])
     if prefix_len < MIN_PREFIX_TOKENS:
         return None
