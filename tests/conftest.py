@@ -16,6 +16,9 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+# database_url / blank_database_url: each database-facing test on SQLite and on a throwaway Postgres
+pytest_plugins = ["tests.databases"]
+
 # converted weights are cached per checkout, so a clean clone converts once per run
 os.environ.setdefault("MAINSPRING_DATA_DIR", str(Path(__file__).resolve().parent.parent / ".mainspring-test"))
 
