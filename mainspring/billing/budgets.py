@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from mainspring.billing import ledger
@@ -106,14 +106,31 @@ def budgets_for(session: Session, key: ApiKey, lock: bool = False) -> list[Budge
     return list(session.scalars(q.with_for_update() if lock else q))
 
 
-def outstanding_u(session: Session, budget_id: int, now: datetime) -> int:
-    q = select(func.coalesce(func.sum(ReservationRow.reserved_u), 0)).where(
+def _outstanding_query(budget_id: int, now: datetime) -> Select:
+    return select(func.coalesce(func.sum(ReservationRow.reserved_u), 0)).where(
         ReservationRow.budget_id == budget_id, ReservationRow.settled.is_(False), ReservationRow.expires_at > now)
-    return int(session.scalar(q) or 0)
+
+
+def _spent_query(budget: Budget, now: datetime) -> Select:
+    return ledger.spend_query(budget.scope, budget.scope_id, period_start(budget.period, now))  # type: ignore[arg-type]
+
+
+def outstanding_u(session: Session, budget_id: int, now: datetime) -> int:
+    return int(session.scalar(_outstanding_query(budget_id, now)) or 0)
 
 
 def spent_u(session: Session, budget: Budget, now: datetime) -> int:
-    return ledger.spend(session, budget.scope, budget.scope_id, period_start(budget.period, now))  # type: ignore[arg-type]
+    return int(session.scalar(_spent_query(budget, now)) or 0)
+
+
+def spent_and_outstanding_u(session: Session, budget: Budget, now: datetime) -> tuple[int, int]:
+    """What `budget` has spent and what requests in flight hold, read in ONE statement. Settling moves money from
+    held to spent in one transaction; on Postgres (READ COMMITTED) each statement sees its own snapshot, so two
+    separate reads can fall either side of a settle's commit and count its money neither as held nor as spent,
+    which let concurrent admissions overspend. The budget-row lock `hold` takes does not stop settles."""
+    row = session.execute(select(_spent_query(budget, now).scalar_subquery(),
+                                 _outstanding_query(budget.id, now).scalar_subquery())).one()
+    return int(row[0] or 0), int(row[1] or 0)
 
 
 def worst_case_u(sheet: PriceSheet, model: str, tier: str, input_tokens: int, max_output_tokens: int | None) -> int:
@@ -141,7 +158,7 @@ def hold(session: Session, request_id: str, key: ApiKey | None, amount_u: int, *
         return Reservation(request_id, held[0].reserved_u, tuple(r.budget_id for r in held), held[0].expires_at)
     warnings: list[str] = []
     for b in budgets:
-        spent, pending = spent_u(session, b, now), outstanding_u(session, b.id, now)
+        spent, pending = spent_and_outstanding_u(session, b, now)
         if spent + pending + amount_u > b.hard_limit_u:
             raise BudgetExceeded(b, spent, pending, amount_u)
         warnings += _crossed(b, spent + pending, spent + pending + amount_u)
@@ -202,7 +219,7 @@ def status(session: Session, scope: str | None = None, scope_id: str | int | Non
     if scope_id is not None:
         q = q.where(Budget.scope_id == str(scope_id))
     return [BudgetStatus(b.id, b.scope, b.scope_id, b.period, b.hard_limit_u, b.soft_limit_u,
-                         spent_u(session, b, now), outstanding_u(session, b.id, now)) for b in session.scalars(q)]
+                         *spent_and_outstanding_u(session, b, now)) for b in session.scalars(q)]
 
 
 def _crossed(b: Budget, before_u: int, after_u: int) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -110,6 +110,11 @@ def reverse(session: Session, entry_id: int, reason: str) -> LedgerEntry:
 
 def spend(session: Session, scope: Scope, scope_id: str | int, since: datetime | None = None) -> int:
     """Net micro-USD billed to a key or project (reversals included), from `since` on."""
+    return int(session.scalar(spend_query(scope, scope_id, since)) or 0)
+
+
+def spend_query(scope: Scope, scope_id: str | int, since: datetime | None = None) -> Select:
+    """The SELECT behind `spend`, for callers that must read it in the same statement as something else."""
     col = {"key": LedgerEntry.api_key_id, "project": LedgerEntry.project_id}.get(scope)
     if col is None:
         raise LedgerError(f"scope {scope!r} is not 'key' or 'project'")
@@ -117,7 +122,7 @@ def spend(session: Session, scope: Scope, scope_id: str | int, since: datetime |
         col == (int(scope_id) if scope == "project" else str(scope_id)))
     if since is not None:
         q = q.where(LedgerEntry.ts >= since)
-    return int(session.scalar(q) or 0)
+    return q
 
 
 def entries(session: Session, request_id: str | None = None, batch_id: str | None = None) -> list[LedgerEntry]:

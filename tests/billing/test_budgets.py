@@ -5,15 +5,16 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from mainspring.billing import budgets, ledger
 from mainspring.billing.budgets import BudgetExceeded, reserve, settle
 from mainspring.billing.keys import create_key
 from mainspring.billing.prices import UnknownModel, price
 from mainspring.billing.usage import UsageRecord
-from mainspring.store.db import session
+from mainspring.store.db import get_engine, session
 from mainspring.store.tables import Reservation as ReservationRow
+from tests.databases import is_postgres
 
 SMOL = "SmolLM2-135M-Instruct"
 
@@ -172,3 +173,29 @@ def test_concurrent_reservations_never_overspend(db, sheet):
     assert not open_
     # every rejection saw a state where this call could have pushed spending over the limit
     assert all(e.spent_u + e.outstanding_u + e.reserve_u > limit and e.reserve_u == worst for e in rejected)
+
+
+def test_a_settle_committed_during_admission_is_counted_once(db, sheet):
+    """Postgres gives each statement of a transaction its own snapshot: a settle (held -> spent, one commit) landing
+    between admission's read of spent and its read of held would count that money nowhere. Forced here by
+    committing a settle just before admission's reading statement runs."""
+    if not is_postgres(db):
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): no settle can commit inside an admission")
+    key = _key(db, limit_u=900)
+    first = _reserve(db, sheet, "r1", key)  # 500 held
+    fired: list[bool] = []
+
+    def settle_meanwhile(conn, cursor, statement, params, context, executemany):
+        if not fired and "reservations" in statement and "sum(" in statement.lower():
+            fired.append(True)
+            t = threading.Thread(target=_finish, args=(db, sheet, first, key), kwargs={"n_out": 1000})  # costs 500
+            t.start()
+            t.join()
+
+    event.listen(get_engine(db), "before_cursor_execute", settle_meanwhile)
+    try:
+        with pytest.raises(BudgetExceeded) as exc:  # 500 spent + 500 more > 900, however the settle falls
+            _reserve(db, sheet, "r2", key)
+    finally:
+        event.remove(get_engine(db), "before_cursor_execute", settle_meanwhile)
+    assert fired and (exc.value.spent_u, exc.value.outstanding_u) == (500, 0)

@@ -14,6 +14,7 @@ from mainspring.engine.outputs import Usage
 from mainspring.store.db import session
 from mainspring.store.tables import LedgerEntry
 from mainspring.store.tables import Reservation as ReservationRow
+from tests.databases import is_postgres
 
 SMOL = "SmolLM2-135M-Instruct"
 ONE_CALL_U = 500  # 1000 input tokens × $0.10/M + 1000 output × $0.40/M
@@ -86,6 +87,9 @@ def test_a_dead_process_holds_expire_and_a_restart_releases_them(db, sheet, key)
 
     restarted = Meter(db, sheet)  # the next server start on this data dir
     released = restarted.release_stale()
+    if is_postgres(db):  # a shared database may hold a live peer's hold: only its expiry frees it (holds.py)
+        assert released == holds.Released((), 0) and not row(db, "cut-off").settled
+        return
     assert set(released.request_ids) == {"cut-off", "elsewhere"} and released.reserved_u == 2 * ONE_CALL_U
     for rid in ("cut-off", "elsewhere"):
         r = row(db, rid)

@@ -33,11 +33,13 @@ def test_create_and_verify(db):
         assert verify_key(s, "") is None
 
 
-def test_secret_never_reaches_the_database_file(db, tmp_path):
+def test_secret_never_reaches_the_database_file(sqlite_database_url, tmp_path):
+    """SQLite only: reads the database file's bytes (Postgres stores the same columns)."""
+    db = sqlite_database_url
     with session(db) as s:
         secrets = [create_key(s, "acme").secret for _ in range(3)]
     dispose_engines()  # close connections; WAL content stays in the -wal file, which is scanned too
-    blobs = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("billing.db"))
+    blobs = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("mainspring.db"))
     for secret in secrets:
         assert secret.encode() not in blobs
         assert secret.rpartition("-")[2].encode() not in blobs  # not even the random part
@@ -77,11 +79,14 @@ def test_effective_limits(db):
 
 
 @pytest.fixture
-def cli_env(monkeypatch, tmp_path):
+def cli_env(monkeypatch, tmp_path, blank_database_url):
+    """The CLI on Settings' database (it migrates it itself): the data dir's SQLite file, or Postgres by URL."""
     monkeypatch.setenv("MAINSPRING_DATA_DIR", str(tmp_path))
-    monkeypatch.delenv("MAINSPRING_DATABASE_URL", raising=False)
-    yield f"sqlite:///{tmp_path / 'mainspring.db'}"
-    dispose_engines()
+    if blank_database_url.startswith("sqlite"):  # the default URL, as a user without the setting gets
+        monkeypatch.delenv("MAINSPRING_DATABASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("MAINSPRING_DATABASE_URL", blank_database_url)
+    yield blank_database_url
 
 
 def test_keys_cli(cli_env):
