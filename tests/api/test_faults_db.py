@@ -1,5 +1,7 @@
 """Another process holding the database's write lock: writes answer 503 with Retry-After (after the busy timeout,
-in the route's error body), reads keep working (WAL), and everything works again once the lock is gone."""
+in the route's error body), reads keep working (WAL), and everything works again once the lock is gone.
+
+SQLite only, by nature: one file-wide write lock held by another process (Postgres locks rows)."""
 
 from __future__ import annotations
 

@@ -27,13 +27,14 @@ def _head(url: str) -> str | None:
 
 
 @pytest.fixture
-def url(tmp_path):
-    yield f"sqlite:///{tmp_path / 'ms.db'}"
-    dispose_engines()
+def url(blank_database_url):
+    """An empty database, SQLite or Postgres: the migrations run from nothing."""
+    return blank_database_url
 
 
 def test_migrations_run_from_empty_and_are_idempotent(url, tmp_path):
-    assert not (tmp_path / "ms.db").exists()
+    assert not (tmp_path / "mainspring.db").exists()
+    assert not inspect(get_engine(url)).get_table_names()
     engine = init_db(url)
     assert TABLES <= set(inspect(engine).get_table_names())
     assert current_revision(url) == _head(url)
@@ -64,7 +65,9 @@ def test_downgrade_to_empty_and_back(url):
     assert TABLES <= set(inspect(engine).get_table_names())
 
 
-def test_sqlite_is_wal_with_busy_timeout_and_foreign_keys(url):
+def test_sqlite_is_wal_with_busy_timeout_and_foreign_keys(sqlite_database_url):
+    """SQLite only: the pragmas store/db.py sets on every connection (Postgres enforces foreign keys itself)."""
+    url = sqlite_database_url
     engine = init_db(url)
     with engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"

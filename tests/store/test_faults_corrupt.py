@@ -1,4 +1,6 @@
-"""A corrupt database is refused at start, with one message naming the file and what to do; never a traceback."""
+"""A corrupt database is refused at start, with one message naming the file and what to do; never a traceback.
+
+SQLite only, by nature: it corrupts the database file's bytes (tests/databases.py runs the rest on Postgres too)."""
 
 import os
 import socket

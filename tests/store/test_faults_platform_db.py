@@ -1,5 +1,7 @@
 """Nothing in a process using the database opens its files outside SQLite, so another process's CLI command
-never deletes the live WAL (closing any descriptor of a file drops all of a process's POSIX locks on it)."""
+never deletes the live WAL (closing any descriptor of a file drops all of a process's POSIX locks on it).
+
+SQLite only, by nature: WAL files and POSIX locks are SQLite's (tests/databases.py runs the rest on Postgres too)."""
 
 import os
 import sqlite3
