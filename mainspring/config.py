@@ -88,6 +88,15 @@ class Settings(BaseSettings):
         0.0, ge=0, description="decode rate each plan task's run on the embedded engine should get: a task starts "
         "only while the engine's measured tokens/s over its runs in flight plus one stays at or above this (0 = off)")
 
+    ray_address: str = Field("", description="Ray cluster for compute: 'auto' (one started on this machine), "
+                             "'host:port' or 'ray://host:port', or 'local' (a private one); empty = no Ray")
+    engine_replicas: int = Field(0, ge=0, description="engine replicas as Ray actors behind one router (needs "
+                                 "ray_address); 0 = the engine runs in this process")
+    replica_threads: int = Field(1, ge=1, description="torch threads (and Ray CPUs) of each engine replica")
+    routing_policy: Literal["prefix", "round_robin", "least_loaded"] = Field(
+        "prefix", description="how requests pick an engine replica: 'prefix' (the one holding the prompt's "
+        "prefix, unless it is hot: cluster/prefix_router.py), 'round_robin' or 'least_loaded'")
+
     finetuned_dir: str = Field("", description="fine-tuned models served by the API, one Hugging Face folder each "
                                "named by its model id (ft:...); empty = <data_dir>/finetuned")
     finetuned_max_loaded: int = Field(2, ge=1, description="fine-tuned models kept loaded at once; the least "
