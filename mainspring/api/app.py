@@ -54,6 +54,11 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if app.state.engine is None and settings.engine_replicas:
+            from mainspring.cluster.replicated_engine import ReplicatedEngine
+
+            # the model on Ray replicas behind the prefix-aware router; "-fast" is then served by them too
+            app.state.engine = await asyncio.to_thread(ReplicatedEngine.start, settings)
         if app.state.engine is None:
             from mainspring.engine.async_engine import AsyncLLMEngine
             from mainspring.compute import compute_thread

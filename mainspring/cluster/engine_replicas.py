@@ -50,12 +50,16 @@ class EngineReplica:
         self.engine = AsyncLLMEngine(engine)
 
     def info(self) -> dict[str, Any]:
+        """What a caller needs to serve this engine's model without loading it (cluster/replicated_engine.py)."""
         eng = self.engine.engine
-        return {"pid": os.getpid(), "model": eng.name, "block_size": eng.config.block_size, **eng.stats()}
+        return {"pid": os.getpid(), "model": eng.name,
+                "block_size": eng.config.block_size, "max_model_len": eng.max_model_len,
+                "max_window_model_len": eng.config.max_window_model_len, "kv_window": eng.kv_policy.window,
+                "vocab_size": eng.model_config.vocab_size, "stats": eng.stats()}
 
-    async def stream(self, prompt: list[int], params: SamplingParams, request_id: str,
-                     cache_salt: str | None) -> AsyncIterator[RequestOutput]:
-        async for out in self.engine.stream(prompt, params, request_id, cache_salt=cache_salt):
+    async def stream(self, prompt: list[int], params: SamplingParams, request_id: str, cache_salt: str | None,
+                     priority: int = 0) -> AsyncIterator[RequestOutput]:
+        async for out in self.engine.stream(prompt, params, request_id, priority, cache_salt=cache_salt):
             yield out
 
 
@@ -104,7 +108,8 @@ class ReplicaPool:
         return self._handles[replica]
 
     async def stream(self, prompt: Sequence[int], params: SamplingParams | None = None,
-                     request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                     request_id: str | None = None, cache_salt: str | None = None,
+                     priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs as its replica steps; the last is finished. Moves to another replica when
         its replica dies (see the module's docstring)."""
         ray = ray_module()
@@ -125,7 +130,7 @@ class ReplicaPool:
                 raise ReplicaFailed(f"request {rid}: no engine replica left to serve it "
                                     f"(failed: {', '.join(failed)})") from exc
             gen = self._handles[route.replica].stream.remote(
-                original + sent.token_ids, _remaining(params, resume), f"{rid}.{len(failed)}", cache_salt)
+                original + sent.token_ids, _remaining(params, resume), f"{rid}.{len(failed)}", cache_salt, priority)
             finished = False
             try:
                 async for ref in gen:

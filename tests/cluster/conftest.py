@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
-    """The `ray` module, joined to a cluster of 2 CPUs started for this test session. CI installs Ray (the test
+    """The `ray` module, joined to a local cluster started for this test session. CI installs Ray (the test
     extra), so there its absence is a failure, not a skip."""
     from mainspring.cluster import ray_cluster as rc
     from mainspring.config import Settings
@@ -18,6 +18,7 @@ def ray_cluster(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    ray = rc.connect(Settings(ray_address="local"), num_cpus=2)
+    # logical CPUs: two pools of two 1-CPU replicas may exist at once (modules of one worker, one after another)
+    ray = rc.connect(Settings(ray_address="local"), num_cpus=4)
     yield ray
     rc.disconnect()
