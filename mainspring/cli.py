@@ -1,4 +1,4 @@
-"""The `mainspring` command line: serve, up/down, chat, generate, perplexity, keys, usage, sim, sandbox, run, runs,
+"""The `mainspring` command line: serve, worker, up/down, chat, generate, perplexity, keys, usage, sim, sandbox, run, runs,
 audit, scene."""
 
 from __future__ import annotations
@@ -159,6 +159,28 @@ def serve(
     _refuse_bad_database(s)
     try:
         uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
+    except EngineError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def worker(
+    model: Optional[str] = typer.Option(None, "--model", help="the model the local engine serves to agent runs; "
+                                        "default MAINSPRING_MODEL"),
+) -> None:
+    """Drive agent runs and plans without serving HTTP, beside servers on the same database (stop: Ctrl-C)."""
+    import asyncio
+    import logging
+
+    from mainspring.api.worker_process import run_worker
+
+    s = get_settings()
+    if model:
+        s = s.model_copy(update={"model": model})
+    _refuse_bad_database(s)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        asyncio.run(run_worker(s))
     except EngineError as exc:
         fail(str(exc))
 

@@ -76,6 +76,9 @@ class Settings(BaseSettings):
 
     agent_max_runs: int = Field(64, ge=1, description="agent runs one server process drives at once")
     agent_lease_s: float = Field(30.0, gt=0, description="a worker's lease on a run; renewed every third of it")
+    serve_agent_worker: bool = Field(True, description="the HTTP server also drives agent runs and plans (a worker "
+                                     "and the plan scheduler in its process); false = only `mainspring worker` "
+                                     "processes do")
     agent_http_fetch: bool = Field(False, description="offer the http_fetch tool to agents (off: no egress)")
     agent_http_allow_private: bool = Field(False, description="let http_fetch reach loopback and private hosts")
     agent_attach_roots: list[Path] = Field(

@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
 
         models = agent_models or AppModels(app.state.engine, app.state.upstreams, app.state.finetuned, settings.model)
         app.state.agents = AgentRuntime(settings, models=models, tools=agent_tools)
-        await app.state.agents.start()
+        if settings.serve_agent_worker:  # else `mainspring worker` processes drive the runs
+            await app.state.agents.start()
         from mainspring.api import fine_tuning_results
         from mainspring.train.jobs import FineTuningRunner  # resumes the job a restart cut off
 
@@ -91,7 +92,8 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
         app.state.fine_tuning.start()
         yield
         await asyncio.to_thread(app.state.fine_tuning.stop)  # the job checkpoints; the next start resumes it
-        await app.state.agents.stop()
+        if settings.serve_agent_worker:
+            await app.state.agents.stop()
         await app.state.batch_runner.stop()
         app.state.finetuned.close()
         await app.state.upstreams.aclose()
