@@ -15,9 +15,14 @@ has work to batch, and lines are sorted so those with the same prompt start run 
 the prefix cache.
 
 A line the runner gives up on (cancel, shutdown) is aborted in the engine and not billed: it is
-either redone later (shutdown) or absent from the output (cancel). One runner per database: two
-server processes on one database would both work the same batch (billing stays single, the
-journal would not).
+either redone later (shutdown) or absent from the output (cancel).
+
+Every server process runs a runner; a batch is worked by the one that holds its lease ("batch:<id>" in the
+leader leases, agents/plans/leader.py), renewed at every poll. The others pass it over until the lease
+expires or its holder is gone (a dead process on this host frees it at once), then one takes it over and
+resumes from the journal. The journal is a file under the data directory: processes that share the data
+directory resume exactly; a runner on another machine redoes the lines it has no journal of (never billed
+twice: the ledger keys each line).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from typing import Any, cast
 from sqlalchemy import select, update
 from sqlalchemy.engine import CursorResult
 
+from mainspring.agents import leases
+from mainspring.agents.plans import leader
 from mainspring.api.batch_lines import (BatchInputError, Journal, Line, Plan, is_success, plan_batch,
                                         response_record, split_results, writer)
 from mainspring.api.errors import APIError, error_body
@@ -54,6 +61,7 @@ BATCH_PRIORITY = 10  # interactive requests run at 0 (fast: -1); lower runs firs
 MAX_IN_FLIGHT = 8
 POLL_S = 1.0
 RETRY_S = 30.0  # after an unexpected failure, a batch waits this long before the next try
+LEASE_S = 30.0  # a runner's hold on a batch, renewed every poll: another runner takes over this long after a stall
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
@@ -135,6 +143,7 @@ class BatchRunner:
         self._jobs: dict[str, _Job] = {}
         self._retry_at: dict[str, float] = {}
         self._main: asyncio.Task | None = None
+        self.owner = leases.new_owner()  # whose lease on a batch (host:pid:nonce)
 
     async def start(self) -> None:
         self._main = asyncio.create_task(self._loop(), name="batch-runner")
@@ -159,9 +168,17 @@ class BatchRunner:
                 for batch_id, status in await asyncio.to_thread(self._active):
                     job = self._jobs.get(batch_id)
                     if job is not None:
-                        if status == "cancelling":
+                        if not await asyncio.to_thread(self._hold, batch_id):
+                            log.warning("batch %s: lost the lease to another runner; stopping here", batch_id)
+                            if job.task is not None:
+                                job.task.cancel()  # as at shutdown: lines in flight aborted, unbilled
+                        elif status == "cancelling":
                             job.cancel()
                     elif self._retry_at.get(batch_id, 0.0) <= time.monotonic():
+                        term = await asyncio.to_thread(self._hold, batch_id)
+                        if term is None:
+                            continue  # another runner works it
+                        log.info("batch %s: working it (runner %s, lease term %d)", batch_id, self.owner, term)
                         job = self._jobs[batch_id] = _Job(batch_id)
                         job.task = asyncio.create_task(self._run_batch(job), name=f"batch-{batch_id}")
             except Exception:
@@ -211,6 +228,8 @@ class BatchRunner:
             if journal is not None:
                 journal.close()
             self._jobs.pop(job.batch_id, None)
+            with contextlib.suppress(Exception):  # unreleased, the lease still expires
+                await asyncio.shield(asyncio.to_thread(leader.release, self.db, _lease(job.batch_id), self.owner))
 
     async def _schedule(self, job: _Job, run: _Run, pending: list[Line]) -> None:
         """Starts lines while slots are free; returns when all are done. Cancelled: aborts those in flight."""
@@ -282,6 +301,9 @@ class BatchRunner:
         await asyncio.to_thread(journal.remove)
 
     # ---- database steps (worker threads) ------------------------------------------------------------------
+    def _hold(self, batch_id: str) -> int | None:
+        return leader.hold(self.db, _lease(batch_id), self.owner, LEASE_S)
+
     def _load(self, batch_id: str) -> BatchRow:
         with session(self.db, readonly=True) as s:
             row = s.get(BatchRow, batch_id)
@@ -341,3 +363,7 @@ class BatchRunner:
                    output_file_id=ids.get("output"), error_file_id=ids.get("error"), request_counts_total=total,
                    request_counts_completed=completed, request_counts_failed=failed,
                    **{f"{final}_at": datetime.now(timezone.utc)})
+
+
+def _lease(batch_id: str) -> str:
+    return f"batch:{batch_id}"

@@ -328,3 +328,32 @@ def test_upload_over_the_size_limit_is_413(srv, monkeypatch):
     assert e.value.status_code == 413
     assert c.files.list().data == []  # nothing half-stored
     assert not [p for p in (srv[0].app.state.settings.data_dir / "files").iterdir()]
+
+
+def test_two_servers_on_one_database_work_each_batch_once(async_engine, tmp_path, caplog):
+    """Two server processes' runners on one database and data directory: one holds the batch's lease and works
+    it; the other passes it over. Every line once in the output, billed once."""
+    import logging
+
+    from mainspring.agents.plans import leader
+
+    caplog.set_level(logging.INFO, logger="mainspring.api.batch_runner")
+    app_a, app_b = make_app(async_engine, tmp_path), make_app(async_engine, tmp_path)
+    with serve(app_a, async_engine) as a, serve(app_b, async_engine):
+        c = client(a, new_key(app_a.state.economics))
+        batch = submit(c, [chat_line(f"q{i}", f"Question {i}: where is parcel {i}?", max_tokens=3) for i in range(10)])
+        app_b.state.batch_runner.notify()  # both look at once
+        done = wait_for(c, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 10
+        out = read_lines(c, done.output_file_id)
+        assert sorted(r["custom_id"] for r in out) == sorted(f"q{i}" for i in range(10))
+        working = [r for r in caplog.records if batch.id in r.getMessage() and "working it" in r.getMessage()]
+        assert len(working) == 1, [r.getMessage() for r in working]
+        owners = {app_a.state.batch_runner.owner, app_b.state.batch_runner.owner}
+        lease = leader.holder(app_a.state.economics.db, f"batch:{batch.id}")
+        assert lease is not None and lease.owner in owners
+        from mainspring.store.tables import LedgerEntry
+
+        with session(app_a.state.economics.db) as s:
+            billed = [e.request_id for e in s.query(LedgerEntry).all() if e.request_id.startswith(batch.id)]
+        assert sorted(billed) == sorted(ledger.batch_request_id(batch.id, f"q{i}") for i in range(10))
