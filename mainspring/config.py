@@ -93,6 +93,10 @@ class Settings(BaseSettings):
 
     ray_address: str = Field("", description="Ray cluster for compute: 'auto' (one started on this machine), "
                              "'host:port' or 'ray://host:port', or 'local' (a private one); empty = no Ray")
+    ray_compute: list[Literal["sandbox"]] = Field(
+        default_factory=list, description="work placed on the Ray cluster by resource request, as JSON: "
+        "[\"sandbox\"] runs sandbox jobs (code tools, scene renders) on its nodes, each in that node's own "
+        "sandbox; empty = in this process")
     engine_replicas: int = Field(0, ge=0, description="engine replicas as Ray actors behind one router (needs "
                                  "ray_address); 0 = the engine runs in this process")
     replica_threads: int = Field(1, ge=1, description="torch threads (and Ray CPUs) of each engine replica")

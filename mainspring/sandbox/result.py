@@ -27,6 +27,7 @@ class Result:
     stderr_truncated: bool = False
     profile: str = ""
     insecure: bool = False  # ran under MAINSPRING_SANDBOX_INSECURE_LOCAL, without isolation
+    placement: str = ""  # where it ran: "" here, "ray:<node>:<pid>" on a Ray worker (sandbox/on_ray.py)
 
     @property
     def ok(self) -> bool:

@@ -280,5 +280,13 @@ def get_sandbox() -> Sandbox:
     """The process-wide sandbox for the configured settings."""
     global _shared
     if _shared is None:
-        _shared = Sandbox()
+        settings = get_settings()
+        if "sandbox" in settings.ray_compute:  # jobs placed on the Ray cluster, each in its node's sandbox
+            from mainspring.cluster.ray_cluster import connect
+            from mainspring.sandbox.on_ray import RaySandbox
+
+            connect(settings)
+            _shared = RaySandbox(settings)
+        else:
+            _shared = Sandbox(settings)
     return _shared
