@@ -17,7 +17,7 @@ from mainspring.agents.journal import agent_spec, now
 from mainspring.agents.status import RunStatus
 from mainspring.agents.tables import RunRow
 from mainspring.agents.writes import Batch, table_of, write_in
-from mainspring.store.db import session
+from mainspring.store.db import is_sqlite, session
 
 HOST = socket.gethostname()
 
@@ -69,8 +69,14 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
     if not ids:
         return []
     with session(db) as s:
-        candidates = s.scalars(select(RunRow).where(RunRow.id.in_(ids))
-                               .order_by(RunRow.priority.desc(), RunRow.created_at)).all()
+        q = select(RunRow).where(RunRow.id.in_(ids)).order_by(RunRow.priority.desc(), RunRow.created_at)
+        if not is_sqlite(s.get_bind()):
+            # Lock what we take, at most `limit` rows, skipping those another worker is claiming this instant:
+            # without the lock two workers read the same queued run and both "take" it (the later write wins
+            # silently and both drive the run); locking every candidate would starve the other workers.
+            # On SQLite BEGIN IMMEDIATE already serialises claims.
+            q = q.limit(limit).with_for_update(skip_locked=True)
+        candidates = s.scalars(q).all()
         taken: list[tuple[str, bool]] = []
         specs: dict[str, float] = {}  # agent id -> max_wall_s
         for run in candidates:

@@ -22,7 +22,6 @@ from mainspring.agents.tools.base import ToolResult
 from mainspring.config import Settings
 from mainspring.engine.outputs import Usage
 from mainspring.models import ChatModel, Completion, ToolCall
-from mainspring.store.db import dispose_engines, init_db
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
@@ -85,11 +84,9 @@ class CountTool:
 
 
 @pytest.fixture
-def db_url(tmp_path):
-    url = f"sqlite:///{tmp_path / 'agents.db'}"
-    init_db(url)
-    yield url
-    dispose_engines()
+def db_url(database_url):
+    """A fresh, migrated database per test: SQLite and Postgres (tests/databases.py)."""
+    return database_url
 
 
 def make_runtime(tmp_path: Path, db_url: str, model: ChatModel, tools: dict, **settings: Any) -> AgentRuntime:

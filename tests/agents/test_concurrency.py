@@ -1,4 +1,4 @@
-"""Many runs at once on SQLite: no "database is locked", no lost or duplicated event, exact side effects."""
+"""Many runs at once (SQLite and Postgres): no "database is locked", no lost or duplicated event, exact side effects."""
 
 import asyncio
 import logging
