@@ -35,15 +35,17 @@ def hold(db: str, name: str, owner: str, lease_s: float) -> int | None:
                 s.add(LeaderLeaseRow(name=name, owner=owner, expires_at=expires, acquired_at=t, term=1))
                 s.flush()
                 return 1
+            # Renewing and taking over both write only if the row is still what we read (owner and term): on
+            # Postgres a standby may take an expired lease between our read and our write, and a renewal by
+            # primary key alone would then make two leaders. (SQLite's BEGIN IMMEDIATE serialises them anyway.)
+            same = (LeaderLeaseRow.name == name, LeaderLeaseRow.owner == row.owner, LeaderLeaseRow.term == row.term)
             if row.owner == owner:
-                row.expires_at = expires
-                return row.term
+                renewed = cast(CursorResult, s.execute(update(LeaderLeaseRow).where(*same).values(expires_at=expires)
+                                                       .execution_options(synchronize_session=False))).rowcount
+                return row.term if renewed == 1 else None
             if row.expires_at >= t and not owner_is_dead(row.owner):
                 return None
-            # take it over, unless another standby did so since we read it (the owner and term changed)
-            taken = cast(CursorResult, s.execute(update(LeaderLeaseRow)
-                              .where(LeaderLeaseRow.name == name, LeaderLeaseRow.owner == row.owner,
-                                     LeaderLeaseRow.term == row.term)
+            taken = cast(CursorResult, s.execute(update(LeaderLeaseRow).where(*same)
                               .values(owner=owner, expires_at=expires, acquired_at=t, term=row.term + 1)
                               .execution_options(synchronize_session=False))).rowcount
             return row.term + 1 if taken == 1 else None
