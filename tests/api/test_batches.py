@@ -26,17 +26,17 @@ DONE = ("completed", "failed", "expired", "cancelled")
 SYSTEM = "You are a terse assistant for a shipping company. Answer in one short sentence. " * 4
 
 
-def make_app(engine, data_dir: Path):
+def make_app(engine, data_dir: Path, db_url: str):
     from mainspring.api.app import create_app
     from mainspring.config import Settings
 
-    return create_app(Settings(database_url=f"sqlite:///{data_dir}/db.sqlite", data_dir=data_dir), engine=engine)
+    return create_app(Settings(database_url=db_url, data_dir=data_dir), engine=engine)
 
 
 @pytest.fixture
-def srv(async_engine, tmp_path):
-    """A server on its own database and data directory, and an SDK client with its own API key."""
-    app = make_app(async_engine, tmp_path)
+def srv(async_engine, tmp_path, database_url):
+    """A server on its own database (SQLite or Postgres) and data directory, and an SDK client with its own key."""
+    app = make_app(async_engine, tmp_path, database_url)
     with serve(app, async_engine) as server:
         yield server, app.state.economics, client(server, new_key(app.state.economics))
 
@@ -182,8 +182,8 @@ def test_cancel_stops_the_batch_with_partial_output(srv):
         c.batches.cancel(batch.id)
 
 
-def test_batch_survives_a_server_restart(async_engine, tmp_path):
-    app_a = make_app(async_engine, tmp_path)
+def test_batch_survives_a_server_restart(async_engine, tmp_path, database_url):
+    app_a = make_app(async_engine, tmp_path, database_url)
     econ = app_a.state.economics
     secret = new_key(econ)
     with serve(app_a, async_engine) as server:
@@ -203,7 +203,7 @@ def test_batch_survives_a_server_restart(async_engine, tmp_path):
     before = {r["custom_id"]: r["id"] for r in map(json.loads, journal.read_text().splitlines())}
     assert 1 <= len(before) < 12, before
 
-    app_b = make_app(async_engine, tmp_path)
+    app_b = make_app(async_engine, tmp_path, database_url)
     with serve(app_b, async_engine) as server:
         c = client(server, secret)
         done = wait_for(c, batch.id)
@@ -330,7 +330,7 @@ def test_upload_over_the_size_limit_is_413(srv, monkeypatch):
     assert not [p for p in (srv[0].app.state.settings.data_dir / "files").iterdir()]
 
 
-def test_two_servers_on_one_database_work_each_batch_once(async_engine, tmp_path, caplog):
+def test_two_servers_on_one_database_work_each_batch_once(async_engine, tmp_path, caplog, database_url):
     """Two server processes' runners on one database and data directory: one holds the batch's lease and works
     it; the other passes it over. Every line once in the output, billed once."""
     import logging
@@ -338,7 +338,7 @@ def test_two_servers_on_one_database_work_each_batch_once(async_engine, tmp_path
     from mainspring.agents.plans import leader
 
     caplog.set_level(logging.INFO, logger="mainspring.api.batch_runner")
-    app_a, app_b = make_app(async_engine, tmp_path), make_app(async_engine, tmp_path)
+    app_a, app_b = make_app(async_engine, tmp_path, database_url), make_app(async_engine, tmp_path, database_url)
     with serve(app_a, async_engine) as a, serve(app_b, async_engine):
         c = client(a, new_key(app_a.state.economics))
         batch = submit(c, [chat_line(f"q{i}", f"Question {i}: where is parcel {i}?", max_tokens=3) for i in range(10)])
