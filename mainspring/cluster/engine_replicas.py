@@ -57,6 +57,22 @@ class EngineReplica:
                 "max_window_model_len": eng.config.max_window_model_len, "kv_window": eng.kv_policy.window,
                 "vocab_size": eng.model_config.vocab_size, "stats": eng.stats()}
 
+    async def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
+        """Every prompt to completion, batched together by the engine (a rollout batch)."""
+        import asyncio
+
+        return list(await asyncio.gather(*(self.engine.generate(p, sp) for p, sp in zip(prompts, params))))
+
+    async def update_weights(self, weights: dict[str, Any]) -> tuple[int, int]:
+        """A trainer's weight sync (`LLMEngine.update_weights`), between two steps of this engine."""
+        from mainspring.compute import compute_thread
+
+        def update() -> tuple[int, int]:
+            with self.engine._lock:
+                return self.engine.engine.update_weights(weights)
+
+        return await compute_thread().run(update)
+
     async def stream(self, prompt: list[int], params: SamplingParams, request_id: str, cache_salt: str | None,
                      priority: int = 0) -> AsyncIterator[RequestOutput]:
         async for out in self.engine.stream(prompt, params, request_id, priority, cache_salt=cache_salt):

@@ -44,7 +44,7 @@ def connect(settings: Settings | None = None, num_cpus: int | None = None) -> An
         kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         try:
             if address == "local":
-                ray.init(num_cpus=num_cpus, object_store_memory=256 * 2**20, **kwargs)
+                ray.init(num_cpus=num_cpus, object_store_memory=1 << 30, **kwargs)  # room for a weight sync
             else:
                 ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -22,7 +22,7 @@ from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
-from mainspring.engine.linear_kernel import choose, fp32_linears, pack_linears
+from mainspring.engine.linear_kernel import choose, fp32_linears, pack_linears, pack_weights_into
 from mainspring.engine.model import CausalLM
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
@@ -358,6 +358,16 @@ class LLMEngine:
         return TokenLogprob(token, text(token), chosen, tuple(TopLogprob(t, text(t), lp) for t, lp in top))
 
     # -- batch API --------------------------------------------------------------------------
+    def update_weights(self, weights: dict[str, torch.Tensor]) -> tuple[int, int]:
+        """Copy `weights` (plain parameter names) into the model in place, repacking packed linears, and drop the
+        prefix cache (its KV came from the old weights); (tensors written, bytes). Only between requests."""
+        if self.has_unfinished():
+            raise RuntimeError("cannot sync weights while the engine has running requests")
+        written = pack_weights_into(self.model, weights)
+        if not self.block_manager.reset_prefix_cache():
+            raise RuntimeError("cannot sync weights while the engine has running requests")
+        return written
+
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Runs every prompt to completion with continuous batching; outputs in prompt order."""

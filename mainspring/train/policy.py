@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from mainspring.engine.config import ModelConfig
-from mainspring.engine.linear_kernel import pack_weights_into
 from mainspring.engine.model import CausalLM, DecoderLayer
 from mainspring.train.config import LoraSpec
 
@@ -106,11 +105,10 @@ class Policy:
 
     @torch.no_grad()
     def sync_into(self, engine) -> SyncReport:
-        """Copy the policy's weights into a running `LLMEngine` in place and drop its prefix cache."""
+        """Copy the policy's weights into a running engine in place (`LLMEngine.update_weights`, or every replica's:
+        cluster/rollout_replicas.py) and drop its prefix cache."""
         t0 = time.perf_counter()
-        n, size = pack_weights_into(engine.model, self.merged_weights())  # repacks oneDNN-packed linears
-        if not engine.block_manager.reset_prefix_cache():
-            raise RuntimeError("cannot sync weights while the engine has running requests")
+        n, size = engine.update_weights(self.merged_weights())  # an LLMEngine, or rollout replicas on Ray
         return SyncReport(time.perf_counter() - t0, n, size)
 
     # -- the training forward ---------------------------------------------------------------------
