@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Mapping
+from typing import Any
 
 from mainspring.config import Settings
 
@@ -31,8 +33,10 @@ async def _engine(settings: Settings):
     return AsyncLLMEngine(await compute_thread().run(lambda: LLMEngine.from_settings(settings)))
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Drive agent runs until `stop` is set (or SIGTERM / SIGINT arrives)."""
+async def run_worker(settings: Settings, stop: asyncio.Event | None = None, *, models: Any = None,
+                     tools: Mapping[str, Any] | None = None) -> None:
+    """Drive agent runs until `stop` is set (or SIGTERM / SIGINT arrives). `models` (a model resolver) and `tools`
+    replace the server's (tests: scripted models; then no engine is loaded)."""
     from mainspring.agents.runtime import AgentRuntime
     from mainspring.api.agent_models import AppModels
     from mainspring.api.finetuned import FineTunedModels
@@ -43,10 +47,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    engine = await _engine(settings)
+    engine = await _engine(settings) if models is None else None
     upstreams = Upstreams.load(settings.upstreams_file)
     finetuned = FineTunedModels(settings, init_db(settings.resolved_database_url()))
-    runtime = AgentRuntime(settings, models=AppModels(engine, upstreams, finetuned, settings.model))
+    runtime = AgentRuntime(settings, models=models or AppModels(engine, upstreams, finetuned, settings.model),
+                           tools=tools)
     await runtime.start()
     log.info("worker %s driving runs on %s", runtime.worker.owner, settings.resolved_database_url())
     try:
@@ -56,4 +61,5 @@ async def run_worker(settings: Settings, stop: asyncio.Event | None = None) -> N
         await runtime.stop()
         finetuned.close()
         await upstreams.aclose()
-        engine.close()
+        if engine is not None:
+            engine.close()
