@@ -7,8 +7,13 @@
     (prompt + generated over wall time) and the median turn latency. Target: prefix routing keeps the single
     replica's hit rate; round-robin loses it.
 
-    python bench/scaleout.py                         # 4 tenants x 2 agents x 3 turns, 2 threads in all
-    python bench/scaleout.py --tenants 8 --turns 4
+(2) workers: agent steps per second with 1, 2 and 4 worker processes (`mainspring worker`'s runtime, with a
+    scripted model and a tool that returns at once, so the time is the runtime's and the database's) on SQLite
+    and on Postgres (a throwaway cluster, tests/pg.py, unless --postgres-url names one).
+
+    python bench/scaleout.py                         # both parts
+    python bench/scaleout.py --part routing --tenants 8 --turns 4
+    python bench/scaleout.py --part workers --runs 200
 """
 
 from __future__ import annotations
@@ -96,8 +101,120 @@ def run_config(label: str, replicas: int, threads: int, policy: str, trace: list
     return result
 
 
+def run_workers(db: str, workers: int, runs: int, tmp: Path) -> dict:
+    """Start `workers` worker processes on `db`, then queue `runs` runs; steps/s until all have finished."""
+    import subprocess
+
+    from sqlalchemy import func, select
+
+    from mainspring.agents import journal
+    from mainspring.agents.spec import AgentSpec
+    from mainspring.agents.tables import RunRow, StepRow
+    from mainspring.store.db import dispose_engines, init_db, session
+
+    init_db(db)
+    env = {**os.environ, "MAINSPRING_DATABASE_URL": db, "MAINSPRING_THREADS": "1", "MAINSPRING_FAST_VARIANT": "0"}
+    logs = [tmp / f"worker-{i}.log" for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.agents.scaleout_process", "worker", str(tmp), "0"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w")) for log in logs]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(log.exists() and "driving runs" in log.read_text() for log in logs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit("a worker did not start: " + " | ".join(log.read_text()[-500:] for log in logs))
+            time.sleep(0.1)
+        agent = journal.put_agent(db, AgentSpec(name="counter", model="policy", tools=["count"]))
+        start = time.perf_counter()
+        ids = [journal.create_run(db, agent.id, f"count {i}").id for i in range(runs)]
+        while True:
+            with session(db, readonly=True) as s:
+                left = s.scalar(select(func.count()).select_from(RunRow)
+                                .where(RunRow.id.in_(ids), RunRow.status.not_in(("succeeded", "failed"))))
+            if not left:
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - start
+        with session(db, readonly=True) as s:
+            steps = s.scalar(select(func.count()).select_from(StepRow).where(StepRow.run_id.in_(ids)))
+            failed = s.scalar(select(func.count()).select_from(RunRow)
+                              .where(RunRow.id.in_(ids), RunRow.status != "succeeded"))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+        dispose_engines()
+    return {"workers": workers, "runs": runs, "steps": steps, "failed": failed, "seconds": round(wall, 2),
+            "steps_per_s": round(steps / wall, 1)}
+
+
+def workers_part(runs: int, counts: list[int], postgres_url: str | None) -> list[dict]:
+    import tempfile
+
+    cluster = None
+    if postgres_url is None:
+        sys.path.insert(0, str(ROOT))
+        from tests.pg import PgCluster
+
+        cluster = PgCluster().start()
+    results = []
+    try:
+        for backend in ("sqlite", "postgres"):
+            for n in counts:
+                with tempfile.TemporaryDirectory(prefix="scaleout-") as tmp:
+                    if backend == "sqlite":
+                        db = f"sqlite:///{tmp}/bench.db"
+                    elif cluster is not None:
+                        db = cluster.url(cluster.create_database())
+                    else:
+                        db = postgres_url
+                    print(f"workers: {n} on {backend} ...", file=sys.stderr)
+                    row = {"backend": backend, **run_workers(db, n, runs, Path(tmp))}
+                    print(f"  {json.dumps(row)}", file=sys.stderr)
+                    results.append(row)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    return results
+
+
+def workers_markdown(rows: list[dict]) -> list[str]:
+    counts = sorted({r["workers"] for r in rows})
+    by = {(r["backend"], r["workers"]): r for r in rows}
+    lines = ["| database | " + " | ".join(f"{n} worker{'s' if n > 1 else ''}" for n in counts) + " |",
+             "|---|" + "---|" * len(counts)]
+    for backend in ("sqlite", "postgres"):
+        cells = []
+        for n in counts:
+            r = by.get((backend, n))
+            cells.append("—" if r is None else f"{r['steps_per_s']:,.0f} steps/s"
+                         + (f" ({r['failed']} failed)" if r["failed"] else ""))
+        lines.append(f"| {'SQLite' if backend == 'sqlite' else 'Postgres 15'} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict) -> str:
-    rows = report["routing"]
+    rows = report.get("routing") or []
+    if not rows:
+        lines = []
+    else:
+        lines = routing_markdown(rows)
+    if report.get("workers"):
+        if lines:
+            lines.append("")
+        lines += workers_markdown(report["workers"])
+        lines.append("")
+        w = report["workers"][0]
+        lines.append(f"Agent steps (journaled model and tool steps) per second, {w['runs']} runs of "
+                     f"{w['steps'] // w['runs']} steps per configuration (scripted model, a tool that returns at once), "
+                     "worker processes of 1 thread each, from the first run queued to the last finished.")
+    lines.append("")
+    lines.append(f"{report['cpu']}, {report['threads']} threads in all, load average {report['load_average']:.2f} "
+                 f"at the end; routing trace: {report.get('trace', '')}; `{report['command']}`")
+    return "\n".join(lines)
+
+
+def routing_markdown(rows: list[dict]) -> list[str]:
     base = next(r for r in rows if r["replicas"] == 1)
     lines = ["| configuration | hit rate | total tok/s | vs one replica | median turn s | requests per replica |",
              "|---|---|---|---|---|---|"]
@@ -105,9 +222,7 @@ def markdown(report: dict) -> str:
         spread = " / ".join(str(v) for v in r["per_replica"].values())
         lines.append(f"| {r['config']} | {r['hit_rate']:.1%} | {r['total_tok_s']:,.0f} | "
                      f"{r['total_tok_s'] / base['total_tok_s']:.2f}× | {r['turn_p50_s']:.2f} | {spread} |")
-    lines.append("")
-    lines.append(f"{report['cpu']}, {report['threads']} threads in all, {report['trace']}; `{report['command']}`")
-    return "\n".join(lines)
+    return lines
 
 
 def cpu_model() -> str:
@@ -117,22 +232,7 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tenants", type=int, default=4)
-    ap.add_argument("--agents", type=int, default=2, help="agents per tenant")
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--system-tokens", type=int, default=640)
-    ap.add_argument("--user-tokens", type=int, default=40)
-    ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=2, help="threads in all: one replica gets them all, two split them")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scaleout.json"))
-    ap.add_argument("--update-readme", action="store_true", help="only render the saved results into the docs")
-    args = ap.parse_args()
-    if args.update_readme:
-        write_table("scaleout", args.out, markdown)
-        return
-
+def routing_part(args) -> tuple[list[dict], str]:
     from mainspring.cluster import ray_cluster
     from mainspring.config import get_settings
     from mainspring.engine.loader import load_model
@@ -149,13 +249,42 @@ def main() -> None:
                    for label, n, t, policy in configs]
     finally:
         ray_cluster.disconnect()
-    report = {"routing": results, "cpu": cpu_model(), "threads": args.threads, "load_average": os.getloadavg()[0],
-              "trace": f"{args.tenants} tenants x {args.agents} agents x {args.turns} turns, "
-                       f"{args.system_tokens}-token system prompts, {args.user_tokens}-token user turns, "
-                       f"{args.new_tokens} new tokens",
-              "command": "python bench/scaleout.py " + " ".join(sys.argv[1:])}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    return results, (f"{args.tenants} tenants x {args.agents} agents x {args.turns} turns, "
+                     f"{args.system_tokens}-token system prompts, {args.user_tokens}-token user turns, "
+                     f"{args.new_tokens} new tokens")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("all", "routing", "workers"), default="all",
+                    help="one part; the other keeps its saved results")
+    ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument("--agents", type=int, default=2, help="agents per tenant")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--system-tokens", type=int, default=640)
+    ap.add_argument("--user-tokens", type=int, default=40)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, help="threads in all: one replica gets them all, two split them")
+    ap.add_argument("--runs", type=int, default=200, help="(2) runs per configuration")
+    ap.add_argument("--workers", default="1,2,4", help="(2) worker process counts")
+    ap.add_argument("--postgres-url", default=None, help="(2) an empty Postgres database; default: a throwaway "
+                    "cluster (needs Debian's postgresql-15)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scaleout.json"))
+    ap.add_argument("--update-readme", action="store_true", help="only render the saved results into the docs")
+    args = ap.parse_args()
+    if args.update_readme:
+        write_table("scaleout", args.out, markdown)
+        return
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() and args.part != "all" else {}
+    if args.part in ("all", "routing"):
+        report["routing"], report["trace"] = routing_part(args)
+    if args.part in ("all", "workers"):
+        report["workers"] = workers_part(args.runs, [int(n) for n in args.workers.split(",")], args.postgres_url)
+    report.update(cpu=cpu_model(), threads=args.threads, load_average=os.getloadavg()[0],
+                  command="python bench/scaleout.py " + " ".join(sys.argv[1:]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
     print(markdown(report))
 
 

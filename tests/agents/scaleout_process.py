@@ -2,7 +2,9 @@
 both on the database in MAINSPRING_DATABASE_URL, with a scripted policy model and a side-effecting tool.
 
     python -m tests.agents.scaleout_process api LEDGER_DIR PORT
-    python -m tests.agents.scaleout_process worker LEDGER_DIR
+    python -m tests.agents.scaleout_process worker LEDGER_DIR [TOOL_DELAY_S]
+
+bench/scaleout.py (2) runs the same workers with no tool delay, to time the runtime itself.
 """
 
 import asyncio
@@ -20,7 +22,8 @@ def main() -> None:
     policy = PolicyModel(tool="count", calls=CALLS)
     policy.model = "SmolLM2-135M-Instruct"  # what it says it is: priced by the built-in sheet, so every call is billed
     models = {"policy": policy}
-    tools = {"count": CountTool(ledgers / "count", delay_s=0.05, delay_after_s=0.05)}  # idempotent: keyed effects
+    delay = float(sys.argv[3]) if role == "worker" and len(sys.argv) > 3 else 0.05
+    tools = {"count": CountTool(ledgers / "count", delay_s=delay, delay_after_s=delay)}  # idempotent: keyed effects
     resolver = lambda name, project=None: models[name]  # noqa: E731
     if role == "api":
         import uvicorn
@@ -30,8 +33,11 @@ def main() -> None:
         app = create_app(Settings(serve_agent_worker=False), agent_models=resolver, agent_tools=tools)
         uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
     else:
+        import logging
+
         from mainspring.api.worker_process import run_worker
 
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")  # "driving runs" = up
         asyncio.run(run_worker(Settings(), models=resolver, tools=tools))
 
 
