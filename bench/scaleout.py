@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from readme_table import write_table  # noqa: E402
+from train import cpu_model  # noqa: E402
 
 WORDS = ("the agent reads a file then calls a tool and writes the result into the report while the model "
          "plans its next step with care about cost cache memory latency and the user's goal").split()
@@ -206,8 +207,8 @@ def markdown(report: dict) -> str:
         lines.append("")
         w = report["workers"][0]
         lines.append(f"Agent steps (journaled model and tool steps) per second, {w['runs']} runs of "
-                     f"{w['steps'] // w['runs']} steps per configuration (scripted model, a tool that returns at once), "
-                     "worker processes of 1 thread each, from the first run queued to the last finished.")
+                     f"{w['steps'] // w['runs']} steps per configuration (scripted model, a tool that returns at "
+                     "once), worker processes of 1 thread each, from the first run queued to the last finished.")
     lines.append("")
     lines.append(f"{report['cpu']}, {report['threads']} threads in all, load average {report['load_average']:.2f} "
                  f"at the end; routing trace: {report.get('trace', '')}; `{report['command']}`")
@@ -223,13 +224,6 @@ def routing_markdown(rows: list[dict]) -> list[str]:
         lines.append(f"| {r['config']} | {r['hit_rate']:.1%} | {r['total_tok_s']:,.0f} | "
                      f"{r['total_tok_s'] / base['total_tok_s']:.2f}× | {r['turn_p50_s']:.2f} | {spread} |")
     return lines
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def routing_part(args) -> tuple[list[dict], str]:

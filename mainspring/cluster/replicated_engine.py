@@ -107,11 +107,8 @@ class ReplicatedEngine:
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                        **kw: Any) -> RequestOutput:
-        last = None
-        async for out in self.stream(prompt, params, **kw):
-            last = out
-        assert last is not None
-        return last
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return await self.pool.generate(ids, params, **kw)
 
     def abort(self, request_id: str) -> None:
         """Nothing to do here: a request is aborted by leaving its stream."""

@@ -17,6 +17,7 @@ from mainspring.billing.keys import create_key
 from mainspring.store.db import dispose_engines, session
 from mainspring.store.tables import LedgerEntry
 from tests.agents.scaleout_process import CALLS
+from tests.servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = 100
@@ -38,19 +39,6 @@ def spawn(args: list[str], db: str, log: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
 
 
-def wait_up(proc: subprocess.Popen, port: int, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"server on {port} did not come up")
-
-
 def effects(ledgers: Path) -> list[str]:
     path = ledgers / "count"
     return path.read_text().split() if path.exists() else []
@@ -65,7 +53,7 @@ def test_two_apis_two_workers_survive_kill_9(pg_url, tmp_path, free_tcp_port_fac
     procs = apis + workers
     try:
         for proc, port in zip(apis, ports):
-            wait_up(proc, port, tmp_path / f"api-{port}.log")
+            wait_healthy(proc, f"http://127.0.0.1:{port}", tmp_path / f"api-{port}.log", timeout=120)
         a, b = (httpx.Client(base_url=f"http://127.0.0.1:{p}/v1", timeout=30,
                              headers={"Authorization": f"Bearer {secret}"}) for p in ports)
         a.post("/agents", json={"name": "counter", "model": "policy", "tools": ["count"]}).raise_for_status()
