@@ -191,11 +191,14 @@ class ReplicaPool:
             st.prompt_tokens += out.usage.prompt_tokens
             st.cached_tokens += out.usage.cached_tokens
 
+    def dead(self) -> list[str]:
+        """Replicas the router dropped after they failed, not yet restarted."""
+        return [n for n in self._handles if n not in self.router.replicas]
+
     async def restart_dead(self) -> list[str]:
         """Start a fresh replica for each one the router dropped; the new replicas' names."""
-        dead = [n for n in self._handles if n not in self.router.replicas]
         started: list[str] = []
-        for name in dead:
+        for name in self.dead():
             self._handles.pop(name)
             new = f"replica-{self._serial}"
             self._serial += 1

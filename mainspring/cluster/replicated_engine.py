@@ -4,11 +4,12 @@ The API reads a few facts of its engine (the model's name, tokenizer, context le
 streams requests through it. Here the facts come from the replicas (every replica serves the same model
 with the same settings) and the tokenizer is loaded in this process from the same converted folder, without
 the weights; every request goes through the pool's router. Aborting is leaving the stream: the pool cancels
-the replica's generator, which aborts the request there.
+the replica's generator, which aborts the request there. A replica that dies is replaced in the background.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class ReplicatedEngine:
         infos = pool.info()
         self.engine = ReplicatedModelView(pool, next(iter(infos.values())), tokenizer)
         self._lock = threading.Lock()
+        self._healing: asyncio.Future | None = None
 
     @classmethod
     def start(cls, settings: Settings) -> ReplicatedEngine:
@@ -102,13 +104,24 @@ class ReplicatedEngine:
                      request_id: str | None = None, priority: int = 0,
                      cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        async for out in self.pool.stream(ids, params, request_id, cache_salt, priority):
-            yield out
+        try:
+            async for out in self.pool.stream(ids, params, request_id, cache_salt, priority):
+                yield out
+        finally:
+            self._heal()
+
+    def _heal(self) -> None:
+        """A replica died serving a request: start its replacement in the background, one restart at a time."""
+        if self.pool.dead() and (self._healing is None or self._healing.done()):
+            self._healing = asyncio.ensure_future(self.pool.restart_dead())
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                        **kw: Any) -> RequestOutput:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return await self.pool.generate(ids, params, **kw)
+        last = None
+        async for out in self.stream(prompt, params, **kw):  # through stream: it heals the pool
+            last = out
+        assert last is not None
+        return last
 
     def abort(self, request_id: str) -> None:
         """Nothing to do here: a request is aborted by leaving its stream."""

@@ -59,3 +59,28 @@ def test_streaming_and_bad_input_through_replicas(server):
                    json={"model": "smollm2", "max_tokens": 2, "logit_bias": {"99999999": 5},
                          "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
+
+
+def test_a_replica_that_dies_is_routed_around_and_replaced(server, ray_cluster):
+    import time
+
+    import openai
+
+    engine = server.app.state.engine
+    pool = engine.pool
+    client = openai.OpenAI(base_url=server.openai_url, api_key="x", max_retries=0, timeout=120)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Is there a night ferry?"}]
+    client.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=messages)
+    ids = engine.tokenizer.encode_chat(messages, add_generation_prompt=True)
+    home = pool.router.route(ids).replica  # where the conversation's prefix lives
+    pool.router.done(home)
+    ray_cluster.kill(pool.handle(home))
+    r = client.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=messages)
+    assert r.choices[0].message.content  # served by the other replica
+    assert pool.stats[home].failovers == 1 and home not in pool.replicas
+    deadline = time.monotonic() + 120
+    while len(pool.replicas) < 2:  # its replacement starts in the background
+        assert time.monotonic() < deadline, "the dead replica was not replaced"
+        time.sleep(0.5)
+    health = httpx.get(f"{server.url}/health", timeout=30).json()
+    assert len(health["replicas"]) == 2 and home not in health["replicas"]
