@@ -237,6 +237,9 @@ def alembic_config(url: str):
     return cfg
 
 
+_MIGRATION_LOCK = 0x6D61696E  # the Postgres advisory lock key `init_db` migrates under ("main")
+
+
 def init_db(url: str | None = None) -> Engine:
     """Bring the database at `url` (default: Settings') to the newest schema; safe to call every start."""
     from alembic import command
@@ -245,6 +248,11 @@ def init_db(url: str | None = None) -> Engine:
     check_database(engine)
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # several servers and workers starting at once on one empty database would each create the tables
+            # (and all but one fail): the first migrates, the others wait here, then find the head. SQLite's
+            # BEGIN IMMEDIATE serialises them the same way. The lock ends with the transaction.
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
     return engine

@@ -47,6 +47,28 @@ def test_migrations_run_from_empty_and_are_idempotent(url, tmp_path):
         assert s.scalars(select(Project.name)).all() == ["acme"]
 
 
+def test_processes_starting_at_once_migrate_once(url):
+    """Servers and workers starting together on one empty database: one migrates, the others find the head."""
+    import threading
+
+    start, errors = threading.Barrier(4), []
+
+    def start_up() -> None:
+        start.wait()
+        try:
+            init_db(url)
+        except Exception as exc:  # a duplicate CREATE TABLE, a lock error: the start would have failed
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start_up) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]
+    assert current_revision(url) == _head(url)
+
+
 def test_models_and_migrations_agree(url):
     engine = init_db(url)
     with engine.connect() as conn:
