@@ -49,6 +49,26 @@ def find_bindir() -> Path:
     raise PostgresUnavailable("no Postgres server binaries (initdb, pg_ctl): apt-get install postgresql-15")
 
 
+def reap_orphans(tmp: str | None = None) -> None:
+    """Stop and remove the clusters of test processes that died without stopping theirs (kill -9, a timeout): the
+    server outlives its parent, so each would keep its memory and a socket until the machine restarts."""
+    for root in glob.glob(os.path.join(tmp or tempfile.gettempdir(), "mspg-*")):
+        try:
+            pid = int(Path(root, "owner.pid").read_text())
+            os.kill(pid, 0)
+            continue  # its owner still runs
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours to judge (being set up, or another user's)
+        pidfile = Path(root, "data", "postmaster.pid")
+        try:
+            os.kill(int(pidfile.read_text().split()[0]), 9)  # nothing in a test cluster needs a clean shutdown
+        except (OSError, ValueError, IndexError):
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class PgCluster:
     """One initdb'd cluster with its server; `url(db)` addresses a database in it over the socket."""
 
@@ -79,6 +99,8 @@ class PgCluster:
             raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
 
     def start(self) -> PgCluster:
+        reap_orphans()
+        (self.root / "owner.pid").write_text(str(os.getpid()))
         self._run("initdb", "-D", str(self.data), "-U", self.superuser, "--auth=trust", "-E", "UTF8",
                   "--locale=C", "--no-sync")
         opts = " ".join(f"-c {k}={v}" for k, v in _SERVER_OPTIONS.items())
