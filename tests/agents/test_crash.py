@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 RUNS, CALLS = 4, 3
 
 
-def start_server(tmp_path: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "MAINSPRING_DATABASE_URL": f"sqlite:///{tmp_path / 'crash.db'}", "MAINSPRING_THREADS": "1",
+def start_server(tmp_path: Path, port: int, db_url: str) -> subprocess.Popen:
+    env = {**os.environ, "MAINSPRING_DATABASE_URL": db_url, "MAINSPRING_THREADS": "1",
            "MAINSPRING_AGENT_LEASE_S": "30", "MAINSPRING_FAST_VARIANT": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "tests.agents.crash_server", str(tmp_path), str(port)], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"server-{port}.log", "ab"))
@@ -39,9 +39,10 @@ def lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def test_kill_9_mid_run_and_restart(tmp_path, free_tcp_port_factory):
+def test_kill_9_mid_run_and_restart(tmp_path, free_tcp_port_factory, blank_database_url):
+    """The server migrates the empty database itself (SQLite: creates the file), as a first start does."""
     port = free_tcp_port_factory()
-    server = start_server(tmp_path, port)
+    server = start_server(tmp_path, port, blank_database_url)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=30)
     try:
         api.post("/agents", json={"name": "counter", "model": "policy", "tools": ["count"]}).raise_for_status()
@@ -60,7 +61,7 @@ def test_kill_9_mid_run_and_restart(tmp_path, free_tcp_port_factory):
     effects_before = len(lines(tmp_path / "count"))
     assert effects_before < RUNS * CALLS  # the crash really landed mid-work
 
-    server = start_server(tmp_path, port)
+    server = start_server(tmp_path, port, blank_database_url)
     try:
         deadline = time.monotonic() + 120
         while True:

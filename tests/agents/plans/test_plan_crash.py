@@ -3,13 +3,13 @@ side effects exact); with two servers on one database, the standby takes over as
 
 import os
 import signal
-import sqlite3
 import time
 from collections import Counter
 
 import httpx
 import pytest
 
+from mainspring.agents.plans import leader
 from tests.agents.test_crash import lines, start_server
 
 pytestmark = pytest.mark.slow
@@ -46,9 +46,9 @@ def check_exactly_once(api: httpx.Client, plan: dict, ledger) -> None:
                                                                        "join": 0}
 
 
-def test_kill_9_mid_plan_and_restart(tmp_path, free_tcp_port_factory):
+def test_kill_9_mid_plan_and_restart(tmp_path, free_tcp_port_factory, blank_database_url):
     port = free_tcp_port_factory()
-    server = start_server(tmp_path, port)
+    server = start_server(tmp_path, port, blank_database_url)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=30)
     try:
         api.post("/agents", json={"name": "counter", "model": "policy", "tools": ["count"]}).raise_for_status()
@@ -62,7 +62,7 @@ def test_kill_9_mid_plan_and_restart(tmp_path, free_tcp_port_factory):
         server.wait()
     assert len(lines(tmp_path / "count")) < CALLS * len(PLAN["tasks"])  # the crash landed mid-plan
 
-    server = start_server(tmp_path, port)
+    server = start_server(tmp_path, port, blank_database_url)
     try:
         done = wait_plan(api, plan["id"])
         check_exactly_once(api, done, tmp_path / "count")
@@ -72,21 +72,23 @@ def test_kill_9_mid_plan_and_restart(tmp_path, free_tcp_port_factory):
         server.wait(timeout=30)
 
 
-def lease_holder(db) -> tuple[str, int]:
-    with sqlite3.connect(db) as con:
-        return con.execute("SELECT owner, term FROM leader_leases WHERE name = 'plan-scheduler'").fetchone()
+def lease_holder(db_url: str) -> tuple[str, int] | None:
+    row = leader.holder(db_url, leader.SCHEDULER_LEASE)
+    return None if row is None else (row.owner, row.term)
 
 
-def test_a_second_server_takes_over_scheduling_when_the_leader_dies(tmp_path, free_tcp_port_factory):
+def test_a_second_server_takes_over_scheduling_when_the_leader_dies(tmp_path, free_tcp_port_factory,
+                                                                    blank_database_url):
+    """Both servers start at once on an empty database (one migrates it, the other waits: store/db.py)."""
     ports = [free_tcp_port_factory(), free_tcp_port_factory()]
-    servers = {port: start_server(tmp_path, port) for port in ports}
+    servers = {port: start_server(tmp_path, port, blank_database_url) for port in ports}
     apis = {port: httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=30) for port in ports}
-    db = tmp_path / "crash.db"
+    db = blank_database_url
     try:
         first = apis[ports[0]]
         first.post("/agents", json={"name": "counter", "model": "policy", "tools": ["count"]}).raise_for_status()
         deadline = time.monotonic() + 30
-        while (holder := lease_holder(db) if db.exists() else None) is None:
+        while (holder := lease_holder(db)) is None:
             assert time.monotonic() < deadline, "no server took the scheduler lease"
             time.sleep(0.1)
         owner, term = holder
