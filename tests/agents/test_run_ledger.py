@@ -198,12 +198,12 @@ def async_engine(embedded):
 
 
 @pytest.mark.slow
-def test_a_keys_run_shows_in_its_usage_report(tmp_path, async_engine):
+def test_a_keys_run_shows_in_its_usage_report(tmp_path, async_engine, database_url):
     from mainspring.api.app import create_app
     from mainspring.config import Settings
     from tests.servers import serve
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", data_dir=tmp_path)
+    settings = Settings(database_url=database_url, data_dir=tmp_path)
     model = priced_policy(calls=1)
     app = create_app(settings, engine=async_engine, agent_models=lambda name, project=None: model,
                      agent_tools={"count": CountTool(tmp_path / "count")})

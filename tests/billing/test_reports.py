@@ -13,7 +13,7 @@ from mainspring.billing.cli import usage
 from mainspring.billing.keys import create_key
 from mainspring.billing.prices import price
 from mainspring.billing.usage import UsageRecord
-from mainspring.store.db import dispose_engines, session
+from mainspring.store.db import session
 
 SMOL = "SmolLM2-135M-Instruct"
 
@@ -85,14 +85,17 @@ def test_csv_export(db, sheet, tmp_path):
 
 
 @pytest.fixture
-def usage_app(monkeypatch, tmp_path):
+def usage_app(monkeypatch, tmp_path, blank_database_url):
+    """The `usage` command on Settings' database: the data dir's SQLite file, or Postgres by URL."""
     monkeypatch.setenv("MAINSPRING_DATA_DIR", str(tmp_path))
-    monkeypatch.delenv("MAINSPRING_DATABASE_URL", raising=False)
+    if blank_database_url.startswith("sqlite"):  # the default URL, as a user without the setting gets
+        monkeypatch.delenv("MAINSPRING_DATABASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("MAINSPRING_DATABASE_URL", blank_database_url)
     app = typer.Typer()
     app.command("usage")(usage)  # as mainspring/cli.py wires it
     app.command("noop")(lambda: None)  # two commands, so "usage" stays a subcommand like in the real app
-    yield app, f"sqlite:///{tmp_path / 'mainspring.db'}"
-    dispose_engines()
+    yield app, blank_database_url
 
 
 def test_usage_command(usage_app, sheet, tmp_path):
