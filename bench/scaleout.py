@@ -11,9 +11,14 @@
     scripted model and a tool that returns at once, so the time is the runtime's and the database's) on SQLite
     and on Postgres (a throwaway cluster, tests/pg.py, unless --postgres-url names one).
 
-    python bench/scaleout.py                         # both parts
+(3) claims: 50 threads (each as a worker of its own, with its own connection) claim 300 queued runs one at a time
+    on Postgres, with the product's FOR UPDATE SKIP LOCKED against plain FOR UPDATE: per-claim latency and
+    claims per second.
+
+    python bench/scaleout.py                         # every part
     python bench/scaleout.py --part routing --tenants 8 --turns 4
     python bench/scaleout.py --part workers --runs 200
+    python bench/scaleout.py --part claims
 """
 
 from __future__ import annotations
@@ -179,6 +184,92 @@ def workers_part(runs: int, counts: list[int], postgres_url: str | None) -> list
     return results
 
 
+def claim_latency(db: str, workers: int, runs: int, skip_locked: bool) -> dict:
+    """`workers` threads claim `runs` queued runs one at a time, pausing after a claim that found nothing; the
+    latency of every claim call. Threads of one process share its interpreter lock: on 2 cores that, not
+    Postgres, bounds the rate; the comparison between the two locking modes is what this measures."""
+    import threading
+
+    from sqlalchemy import create_engine
+
+    from mainspring.agents import journal, leases
+    from mainspring.agents.spec import AgentSpec
+    from mainspring.store import db as store_db
+
+    store_db.init_db(db)
+    # one connection per thread, as 50 worker processes would have: the shared engine's default pool (15) would
+    # time the pool's queue instead of the row locks
+    store_db._engines[db] = create_engine(db, pool_size=workers + 5, max_overflow=0)
+    agent = journal.put_agent(db, AgentSpec(name="counter", model="policy", tools=["count"]))
+    for i in range(runs):
+        journal.create_run(db, agent.id, f"claim {i}")
+    latencies: list[float] = []
+    claimed = [0]
+    lock = threading.Lock()
+    barrier = threading.Barrier(workers)
+
+    empty = [0]
+
+    def worker(seed: int) -> None:
+        owner = leases.new_owner()
+        rng = random.Random(seed)
+        barrier.wait()
+        while claimed[0] < runs:
+            t = time.perf_counter()
+            got = leases.claim(db, owner, 1, 600, skip_locked=skip_locked)
+            dt = time.perf_counter() - t
+            with lock:
+                latencies.append(dt)
+                claimed[0] += len(got)
+                empty[0] += not got
+            if not got:  # as a worker does between polls (0.2 s there), jittered so they do not move in step
+                time.sleep(rng.uniform(0.02, 0.08))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    store_db.dispose_engines()
+    lat = sorted(latencies)
+    return {"skip_locked": skip_locked, "workers": workers, "runs": claimed[0], "seconds": round(wall, 2),
+            "claims_per_s": round(claimed[0] / wall, 1), "p50_ms": round(lat[len(lat) // 2] * 1e3, 1),
+            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 1), "empty_claims": empty[0]}
+
+
+def claims_part(workers: int, runs: int, postgres_url: str | None) -> list[dict]:
+    cluster = None
+    if postgres_url is None:
+        sys.path.insert(0, str(ROOT))
+        from tests.pg import PgCluster
+
+        cluster = PgCluster().start()
+    results = []
+    try:
+        for skip in (True, False):
+            db = cluster.url(cluster.create_database()) if cluster is not None else postgres_url
+            print(f"claims: {workers} workers, {'SKIP LOCKED' if skip else 'plain FOR UPDATE'} ...", file=sys.stderr)
+            row = claim_latency(db, workers, runs, skip)
+            print(f"  {json.dumps(row)}", file=sys.stderr)
+            results.append(row)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    return results
+
+
+def claims_markdown(rows: list[dict]) -> list[str]:
+    lines = ["| claiming on Postgres 15 | claims/s | p50 claim | p99 claim | claims that found nothing |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {'FOR UPDATE SKIP LOCKED' if r['skip_locked'] else 'plain FOR UPDATE'}, {r['workers']} "
+                     f"workers, {r['runs']} runs | {r['claims_per_s']:,.0f} | {r['p50_ms']} ms | {r['p99_ms']} ms | "
+                     f"{r.get('empty_claims', '—')} |")
+    return lines
+
+
 def workers_markdown(rows: list[dict]) -> list[str]:
     counts = sorted({r["workers"] for r in rows})
     by = {(r["backend"], r["workers"]): r for r in rows}
@@ -209,6 +300,8 @@ def markdown(report: dict) -> str:
         lines.append(f"Agent steps (journaled model and tool steps) per second, {w['runs']} runs of "
                      f"{w['steps'] // w['runs']} steps per configuration (scripted model, a tool that returns at "
                      "once), worker processes of 1 thread each, from the first run queued to the last finished.")
+    if report.get("claims"):
+        lines += ["", *claims_markdown(report["claims"])]
     lines.append("")
     lines.append(f"{report['cpu']}, {report['threads']} threads in all, load average {report['load_average']:.2f} "
                  f"at the end; routing trace: {report.get('trace', '')}; `{report['command']}`")
@@ -250,8 +343,8 @@ def routing_part(args) -> tuple[list[dict], str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("all", "routing", "workers"), default="all",
-                    help="one part; the other keeps its saved results")
+    ap.add_argument("--part", choices=("all", "routing", "workers", "claims"), default="all",
+                    help="one part; the others keep their saved results")
     ap.add_argument("--tenants", type=int, default=4)
     ap.add_argument("--agents", type=int, default=2, help="agents per tenant")
     ap.add_argument("--turns", type=int, default=3)
@@ -275,6 +368,8 @@ def main() -> None:
         report["routing"], report["trace"] = routing_part(args)
     if args.part in ("all", "workers"):
         report["workers"] = workers_part(args.runs, [int(n) for n in args.workers.split(",")], args.postgres_url)
+    if args.part in ("all", "claims"):
+        report["claims"] = claims_part(50, 300, args.postgres_url)
     report.update(cpu=cpu_model(), threads=args.threads, load_average=os.getloadavg()[0],
                   command="python bench/scaleout.py " + " ".join(sys.argv[1:]))
     out.parent.mkdir(parents=True, exist_ok=True)

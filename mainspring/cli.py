@@ -1,5 +1,5 @@
-"""The `mainspring` command line: serve, worker, up/down, chat, generate, perplexity, keys, usage, sim, sandbox, run, runs,
-audit, scene."""
+"""The `mainspring` command line: serve, worker, up/down, chat, generate, perplexity, keys, usage, sim, sandbox,
+run, runs, audit, scene."""
 
 from __future__ import annotations
 

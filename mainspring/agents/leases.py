@@ -52,8 +52,9 @@ def _takeable(status: str, lease_owner: str | None, expires: datetime | None, ow
     return expires is None or expires < t or owner_is_dead(lease_owner)
 
 
-def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bool]]:
-    """Take up to `limit` runnable runs, highest priority first: (run id, recovered after a crash)."""
+def claim(db: str, owner: str, limit: int, lease_s: float, *, skip_locked: bool = True) -> list[tuple[str, bool]]:
+    """Take up to `limit` runnable runs, highest priority first: (run id, recovered after a crash). `skip_locked`
+    False waits for rows other workers are claiming instead (plain FOR UPDATE: bench/scaleout.py's baseline)."""
     if limit <= 0:
         return []
     t = now()
@@ -75,7 +76,7 @@ def claim(db: str, owner: str, limit: int, lease_s: float) -> list[tuple[str, bo
             # without the lock two workers read the same queued run and both "take" it (the later write wins
             # silently and both drive the run); locking every candidate would starve the other workers.
             # On SQLite BEGIN IMMEDIATE already serialises claims.
-            q = q.limit(limit).with_for_update(skip_locked=True)
+            q = q.limit(limit).with_for_update(skip_locked=skip_locked)
         candidates = s.scalars(q).all()
         taken: list[tuple[str, bool]] = []
         specs: dict[str, float] = {}  # agent id -> max_wall_s
