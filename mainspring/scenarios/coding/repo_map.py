@@ -6,7 +6,7 @@
 - Graph: file A uses a name that file B defines → edge A→B, weighted as aider does: sqrt(uses) × 10 when the
   task mentions the name, × 10 for a long (≥ 8 chars) snake/camel name, × 0.1 for a `_private` one, × 0.1 for
   a name defined in more than 5 files, × 50 when A is a file the task names. A definition nobody uses gets a
-  self-edge of 0.1 so its file still ranks.
+  self-edge of 0.1, which shares its file's rank with it (the walk itself leaves self-edges out).
 - Rank: personalized PageRank (power iteration below; no networkx, which is not a dependency of ours) with the
   restart mass on the files the task names or whose stem it mentions; each file's rank is then spread over its
   out-edges onto (file, name) pairs, which orders the definitions.
@@ -157,7 +157,7 @@ class TagCache:
 
 # ---- ranking -------------------------------------------------------------------------------------------
 def pagerank(nodes: list[str], edges: dict[tuple[str, str], float], personalization: dict[str, float] | None,
-             alpha: float = 0.85, iterations: int = 100, tol: float = 1e-12) -> dict[str, float]:
+             alpha: float = 0.85, iterations: int = 300, tol: float = 1e-12) -> dict[str, float]:
     """Personalized PageRank by power iteration. `edges` (src, dst) -> weight; a node without out-edges gives
     its rank back through the restart vector, as networkx does."""
     if not nodes:
@@ -169,11 +169,12 @@ def pagerank(nodes: list[str], edges: dict[tuple[str, str], float], personalizat
     for (src, _), w in edges.items():
         out_weight[src] += w
     rank = dict(restart)
+    flows = [(src, dst, w / out_weight[src]) for (src, dst), w in sorted(edges.items())]
     for _ in range(iterations):
         dangling = sum(rank[n] for n in nodes if out_weight[n] == 0)
         new = {n: (1 - alpha + alpha * dangling) * restart[n] for n in nodes}
-        for (src, dst), w in sorted(edges.items()):
-            new[dst] += alpha * rank[src] * w / out_weight[src]
+        for src, dst, share in flows:
+            new[dst] += alpha * rank[src] * share
         done = sum(abs(new[n] - rank[n]) for n in nodes) < tol * len(nodes)
         rank = new
         if done:
@@ -196,7 +197,8 @@ def task_mentions(task: str, paths: list[str]) -> tuple[list[str], set[str], set
     """(files the task names by path or file name, identifiers it mentions, files whose stem it mentions)."""
     words = set(IDENT.findall(task))
     named_paths = {m.strip("./") for m in PATHLIKE.findall(task)}
-    named = [p for p in paths if p in named_paths or Path(p).name in named_paths]
+    # a path as written (relative to the root or to a folder above it) or as its tail ("leases.py")
+    named = [p for p in paths if any(p == m or p.endswith("/" + m) or m.endswith("/" + p) for m in named_paths)]
     stems = {p for p in paths if Path(p).stem in words and Path(p).stem != "__init__"}
     return named, words, stems
 
@@ -238,7 +240,9 @@ def rank(all_tags: list[FileTags], task: str = "") -> Ranking:
                 per_name[(definer, definer)][name] += 0.1
     chosen = set(named) | stem_files
     personalization = {p: 100 / len(chosen) for p in chosen} if chosen else None
-    file_rank = pagerank(paths, dict(edges), personalization)
+    # self-edges only share a file's rank among its own definitions: in the walk a self-loop would hoard rank,
+    # and a file of unused helpers would lead the map
+    file_rank = pagerank(paths, {k: w for k, w in edges.items() if k[0] != k[1]}, personalization)
     out_weight: dict[str, float] = defaultdict(float)
     for (src, _), w in edges.items():
         out_weight[src] += w
