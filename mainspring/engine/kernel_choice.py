@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mainspring.engine.cpu import CpuFeatures, detect
-from mainspring.engine.linear_kernel import PackedLinear, choose, onednn_available
+from mainspring.engine.linear_kernel import PackedLinear, bf16_packing_available, choose, seconds_per_call
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class KernelChoice:
 
 
 def candidates(features: CpuFeatures, int8_available: bool, onednn: bool = False) -> list[str]:
-    """The formats worth timing on this CPU, fp32 last (`onednn`: torch's oneDNN linear works)."""
+    """The formats worth timing on this CPU, fp32 last (`onednn`: torch's oneDNN packs bf16 weights here)."""
     out = []
     if features.bf16:
         out.append("int4-bf16")
@@ -116,21 +116,6 @@ def build_linear(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], to
     return Int4Linear(quantize_int4(weight, DEFAULT_GROUP_SIZE), None, dtype, dense_prefill=False)
 
 
-def _seconds_per_call(fns: Sequence[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
-                      budget_s: float) -> float:
-    """Time per call, cycling through `fns` (copies of one layer over distinct weights)."""
-    for fn in fns:
-        fn(x)  # warm-up: packing, first-touch of each weight
-    calls, start = 0, time.perf_counter()
-    while True:
-        for fn in fns:
-            fn(x)
-        calls += len(fns)
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s:
-            return elapsed / calls
-
-
 @torch.inference_mode()
 def measure(names: Sequence[str], shapes: Counter[tuple[int, int]], rows: Sequence[int],
             budget_s: float = BUDGET_S) -> dict[str, float]:
@@ -146,7 +131,7 @@ def measure(names: Sequence[str], shapes: Counter[tuple[int, int]], rows: Sequen
         xs = [torch.randn(r, k, generator=gen) for r in rows]
         for name in names:
             fns = [build_linear(name, w) for w in weights]
-            per = sum(_seconds_per_call(fns, x, budget_s) for x in xs) / len(xs)
+            per = sum(seconds_per_call(fns, x, budget_s) for x in xs) / len(xs)
             out[name] += per * count * 1e3
             del fns
     return {k: round(v, 4) for k, v in out.items()}
@@ -234,7 +219,7 @@ def choose_kernel(loaded, cache_dir: Path | None, *, threads: int, verify_rows: 
     if path is not None and (cached := load_choice(path)) is not None:
         return cached
     start = time.perf_counter()
-    names = candidates(features, available(), onednn_available())
+    names = candidates(features, available(), bf16_packing_available())
     meta = CausalLM.from_weights(loaded.config, loaded.state_dict)  # shapes only; shares the tensors
     ms = measure(names, linear_shapes(meta), rows=(1, verify_rows))
     del meta

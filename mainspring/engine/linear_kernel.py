@@ -5,9 +5,9 @@ MKL takes a slow generic path on AMD CPUs. Measured on an AMD EPYC (AVX-512, 2 t
 embedded model's 121 linears, one decode step: 42.9 ms with `F.linear`, 15.5 ms with oneDNN's
 prepacked weights (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the ops
 inductor's weight freezing emits); 2.6x at 512 rows (prefill) too, and results within fp32
-rounding of each other (relative 1e-6). Where MKL is at home (Intel), the two are closer, so
-"auto" times both on the model's widest layer shape at 1 and 16 rows and keeps the faster; "torch"
-and "onednn" pin one (`MAINSPRING_LINEAR_KERNEL`).
+rounding of each other (relative 1e-6). Where MKL is at home (Intel) it can win instead, so "auto"
+times both on the model's widest layer shape at 1 row (a decode step), streaming the weights from
+memory as a step does, and keeps the faster; "torch" and "onednn" pin one (`MAINSPRING_LINEAR_KERNEL`).
 
 The same op takes bf16 weights: `PackedLinear(w, dtype=torch.bfloat16)` is the "bf16" weight format
 (`MAINSPRING_QUANTIZATION=bf16`, and a candidate of the -fast engine's kernel choice where the CPU
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LINEAR_KERNELS = ("auto", "torch", "onednn")
+STREAM_BYTES = 128 << 20  # the weights measure() streams: more than a CPU cache holds
 MIN_GAIN = 1.1  # "auto" packs only when oneDNN is at least this much faster: a tie keeps torch's kernel
 
 
@@ -88,31 +89,58 @@ def onednn_available() -> bool:
         return False
 
 
-def _ms(fn, reps: int) -> float:
-    fn()  # first call: oneDNN builds its primitive
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps * 1e3
+@lru_cache(maxsize=1)
+def bf16_packing_available() -> bool:
+    """Whether oneDNN packs bf16 weights here: it needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT on x86."""
+    if not onednn_available():
+        return False
+    try:
+        PackedLinear(torch.zeros(8, 8), dtype=torch.bfloat16)
+        return True
+    except RuntimeError:
+        return False
+
+
+def seconds_per_call(fns: Sequence[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
+                     budget_s: float) -> float:
+    """Time per call, cycling through `fns` (copies of one layer over distinct weights) for `budget_s`."""
+    for fn in fns:
+        fn(x)  # warm-up: oneDNN builds its primitive; first touch of each weight
+    calls, start = 0, time.perf_counter()
+    while True:
+        for fn in fns:
+            fn(x)
+        calls += len(fns)
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s:
+            return elapsed / calls
 
 
 @lru_cache(maxsize=8)
-def measure(out_features: int, in_features: int, reps: int = 10) -> tuple[float, float]:
-    """(torch ms, oneDNN ms) of one linear of this shape, summed over 1 and 16 rows (decode and a
-    small batch), on random weights; cached per process and shape. Its own generator: drawing from
-    torch's global one would shift every seeded run that builds an engine (a trainer's rollouts)."""
+def measure(out_features: int, in_features: int, budget_s: float = 0.03) -> tuple[float, float]:
+    """(torch ms, oneDNN ms) of one linear of this shape at 1 row, a decode step's, cycling over distinct
+    random weights (up to STREAM_BYTES) so they stream from memory as in a step; the best of three
+    alternating rounds; cached per process and shape.
+
+    Why so: the kernels rank differently by rows and by whether the weight sits in cache. On an AMD EPYC
+    (AVX2) one matrix timed over and over made MKL look faster (0.14 vs 0.23 ms) while a step's streamed
+    linears took 54 ms with it and 44 with oneDNN; on an Intel Xeon (Ice Lake) MKL did a step's linears in
+    16.3 ms and oneDNN in 34.8, where the former sum over 1 and 16 rows called them even. Its own generator:
+    drawing from torch's global one would shift every seeded run that builds an engine (a trainer's)."""
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(out_features, in_features, generator=gen)
-    packed = PackedLinear(w)
-    t_torch = t_onednn = 0.0
+    copies = max(1, min(64, STREAM_BYTES // (out_features * in_features * 4)))
+    weights = [torch.randn(out_features, in_features, generator=gen) for _ in range(copies)]
+    dense = [lambda x, w=w: F.linear(x, w) for w in weights]
+    packed = [PackedLinear(w) for w in weights]
+    x = torch.randn(1, in_features, generator=gen)
     with torch.inference_mode():
-        for rows in (1, 16):
-            x = torch.randn(rows, in_features, generator=gen)
-            t_torch += _ms(lambda: F.linear(x, w), reps)  # noqa: B023 (timed within this iteration)
-            t_onednn += _ms(lambda: packed(x), reps)  # noqa: B023
-    log.info("fp32 linear %dx%d at 1 + 16 rows: torch %.3f ms, oneDNN %.3f ms", out_features, in_features,
-             t_torch, t_onednn)  # once per shape: the timing is cached, and callers ask per layer copy
-    return t_torch, t_onednn
+        t_torch, t_onednn = [], []
+        for _ in range(3):
+            t_torch.append(seconds_per_call(dense, x, budget_s) * 1e3)
+            t_onednn.append(seconds_per_call(packed, x, budget_s) * 1e3)
+    log.info("fp32 linear %dx%d at 1 row, %d copies streamed: torch %.3f ms, oneDNN %.3f ms", out_features,
+             in_features, copies, min(t_torch), min(t_onednn))  # once per shape (cached)
+    return min(t_torch), min(t_onednn)
 
 
 def choose(kernel: str, shapes: list[tuple[int, int]]) -> str:
@@ -153,8 +181,9 @@ def quantize_model_bf16(model: nn.Module) -> QuantReport:
     packing is a cast and a reorder, and the layout is this CPU's)."""
     from mainspring.engine.quant import QuantReport  # quant imports this module
 
-    if not onednn_available():
-        raise ValueError("weights 'bf16' need torch's oneDNN linear, which this torch build lacks")
+    if not bf16_packing_available():
+        raise ValueError("weights 'bf16' need torch's oneDNN bf16 linear, which this torch build or CPU lacks "
+                         "(oneDNN packs bf16 weights only with AVX-512 or AVX-NE-CONVERT)")
     start = time.perf_counter()
     report = QuantReport(group_size=0, quantized=pack_linears(model, torch.bfloat16))
     report.num_quantized_now = len(report.quantized)

@@ -12,6 +12,8 @@ from tests.engine.test_quant import run_logits as _logits
 from tests.train.tiny import tiny_config, tiny_state
 
 needs_onednn = pytest.mark.skipif(not lk.onednn_available(), reason="this torch build has no working oneDNN linear")
+needs_bf16_packing = pytest.mark.skipif(not lk.bf16_packing_available(),
+                                        reason="oneDNN packs bf16 weights only with AVX-512 or AVX-NE-CONVERT")
 
 
 @needs_onednn
@@ -97,7 +99,7 @@ def test_new_weights_reach_a_packed_model_and_its_tied_head():
         pack_weights_into(packed, {"layers.0.mlp.nope.weight": torch.zeros(1)})
 
 
-@needs_onednn
+@needs_bf16_packing
 def test_bf16_weights_round_the_weights_and_keep_fp32_out():
     g = torch.Generator().manual_seed(3)
     w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(5, 48, generator=g)
@@ -111,7 +113,7 @@ def test_bf16_weights_round_the_weights_and_keep_fp32_out():
     assert torch.equal(layer.weight, w.bfloat16().float())
 
 
-@needs_onednn
+@needs_bf16_packing
 def test_the_bf16_format_packs_every_linear_of_a_model():
     from mainspring.engine.quant_cache import quantize_for_engine
 
@@ -124,3 +126,10 @@ def test_the_bf16_format_packs_every_linear_of_a_model():
     ids = [3, 14, 15, 9, 2, 6]
     a, b = _logits(model, ids), _logits(plain, ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8 and torch.allclose(a, b, atol=0.2)
+
+
+@pytest.mark.skipif(lk.bf16_packing_available(), reason="this CPU packs bf16 weights")
+def test_the_bf16_format_is_a_clear_error_where_the_cpu_cannot_pack_it():
+    _, model = _tiny()
+    with pytest.raises(ValueError, match="AVX-512"):
+        lk.quantize_model_bf16(model)

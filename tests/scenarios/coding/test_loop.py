@@ -70,7 +70,8 @@ def test_two_turn_fix_stops_on_green_with_the_diff(tmp_path, sandbox):
     assert outcome.diff.splitlines() == [
         "diff --git a/calc/stats.py b/calc/stats.py", "--- a/calc/stats.py", "+++ b/calc/stats.py",
         "@@ -1,6 +1,6 @@", " def mean(values: list[float]) -> float:", '     """The arithmetic mean."""',
-        "-" + BUGGY_MEAN.rstrip("\n"), "+" + FIXED_MEAN.rstrip("\n"), " ", " ", " def spread(values: list[float]) -> float:"]
+        "-" + BUGGY_MEAN.rstrip("\n"), "+" + FIXED_MEAN.rstrip("\n"), " ", " ",
+        " def spread(values: list[float]) -> float:"]
     assert json.loads(outcome.result)["diff"] == outcome.diff
     # the user's repository is untouched
     assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
