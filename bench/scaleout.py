@@ -11,7 +11,7 @@
     scripted model and a tool that returns at once, so the time is the runtime's and the database's) on SQLite
     and on Postgres (a throwaway cluster, tests/pg.py, unless --postgres-url names one).
 
-(3) claims: 50 threads (each as a worker of its own, with its own connection) claim 300 queued runs one at a time
+(3) claims: 50 processes (each a worker of its own, with its own connection) claim 300 queued runs one at a time
     on Postgres, with the product's FOR UPDATE SKIP LOCKED against plain FOR UPDATE: per-claim latency and
     claims per second.
 
@@ -184,59 +184,69 @@ def workers_part(runs: int, counts: list[int], postgres_url: str | None) -> list
     return results
 
 
+def _claimer(db: str, runs: int, skip_locked: bool, seed: int, claimed, empty, ready, go, out) -> None:
+    """One claiming worker process: its own interpreter and one connection, as a `mainspring worker` has."""
+    from sqlalchemy import create_engine, text
+
+    from mainspring.agents import leases
+    from mainspring.store import db as store_db
+
+    store_db._engines[db] = create_engine(db, pool_size=1, max_overflow=0)
+    owner = leases.new_owner()
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    with store_db.session(db, readonly=True) as s:  # connect before the clock starts
+        s.execute(text("SELECT 1"))
+    ready.release()
+    go.wait()
+    while claimed.value < runs:
+        t = time.perf_counter()
+        got = leases.claim(db, owner, 1, 600, skip_locked=skip_locked)
+        latencies.append(time.perf_counter() - t)
+        with claimed.get_lock():
+            claimed.value += len(got)
+        if not got:  # as a worker does between polls (0.2 s there), jittered so they do not move in step
+            with empty.get_lock():
+                empty.value += 1
+            time.sleep(rng.uniform(0.02, 0.08))
+    out.put(latencies)
+    store_db.dispose_engines()
+
+
 def claim_latency(db: str, workers: int, runs: int, skip_locked: bool) -> dict:
-    """`workers` threads claim `runs` queued runs one at a time, pausing after a claim that found nothing; the
-    latency of every claim call. Threads of one process share its interpreter lock: on 2 cores that, not
-    Postgres, bounds the rate; the comparison between the two locking modes is what this measures."""
-    import threading
+    """`workers` processes claim `runs` queued runs one at a time, pausing after a claim that found nothing; the
+    latency of every claim call and claims per second from the moment all of them are connected. Processes,
+    not threads: threads of one process share its interpreter lock, which on 2 cores hid the locking mode."""
+    import multiprocessing as mp
 
-    from sqlalchemy import create_engine
-
-    from mainspring.agents import journal, leases
+    from mainspring.agents import journal
     from mainspring.agents.spec import AgentSpec
     from mainspring.store import db as store_db
 
     store_db.init_db(db)
-    # one connection per thread, as 50 worker processes would have: the shared engine's default pool (15) would
-    # time the pool's queue instead of the row locks
-    store_db._engines[db] = create_engine(db, pool_size=workers + 5, max_overflow=0)
     agent = journal.put_agent(db, AgentSpec(name="counter", model="policy", tools=["count"]))
     for i in range(runs):
         journal.create_run(db, agent.id, f"claim {i}")
-    latencies: list[float] = []
-    claimed = [0]
-    lock = threading.Lock()
-    barrier = threading.Barrier(workers)
-
-    empty = [0]
-
-    def worker(seed: int) -> None:
-        owner = leases.new_owner()
-        rng = random.Random(seed)
-        barrier.wait()
-        while claimed[0] < runs:
-            t = time.perf_counter()
-            got = leases.claim(db, owner, 1, 600, skip_locked=skip_locked)
-            dt = time.perf_counter() - t
-            with lock:
-                latencies.append(dt)
-                claimed[0] += len(got)
-                empty[0] += not got
-            if not got:  # as a worker does between polls (0.2 s there), jittered so they do not move in step
-                time.sleep(rng.uniform(0.02, 0.08))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    store_db.dispose_engines()  # no pooled connection may cross the fork
+    ctx = mp.get_context("fork")
+    claimed, empty = ctx.Value("i", 0), ctx.Value("i", 0)
+    ready, go, out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(db, runs, skip_locked, i, claimed, empty, ready, go, out))
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.acquire()
     start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    go.set()
+    latencies = [x for _ in procs for x in out.get()]
     wall = time.perf_counter() - start
-    store_db.dispose_engines()
+    for p in procs:
+        p.join()
     lat = sorted(latencies)
-    return {"skip_locked": skip_locked, "workers": workers, "runs": claimed[0], "seconds": round(wall, 2),
-            "claims_per_s": round(claimed[0] / wall, 1), "p50_ms": round(lat[len(lat) // 2] * 1e3, 1),
-            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 1), "empty_claims": empty[0]}
+    return {"skip_locked": skip_locked, "workers": workers, "runs": claimed.value, "seconds": round(wall, 2),
+            "claims_per_s": round(claimed.value / wall, 1), "p50_ms": round(lat[len(lat) // 2] * 1e3, 1),
+            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1e3, 1), "empty_claims": empty.value}
 
 
 def claims_part(workers: int, runs: int, postgres_url: str | None) -> list[dict]:
@@ -303,9 +313,15 @@ def markdown(report: dict) -> str:
     if report.get("claims"):
         lines += ["", *claims_markdown(report["claims"])]
     lines.append("")
-    lines.append(f"{report['cpu']}, {report['threads']} threads in all, load average {report['load_average']:.2f} "
-                 f"at the end; routing trace: {report.get('trace', '')}; `{report['command']}`")
+    for part, m in report["measured_on"].items():  # parts may be rerun alone, on another machine
+        trace = f"; trace: {report.get('trace', '')}" if part == "routing" else ""
+        lines.append(f"- {part}: {m['cpu']}, {report['threads']} threads in all, load average "
+                     f"{m['load_average']:.2f} at the end{trace}; `{m['command']}`")
     return "\n".join(lines)
+
+
+def machine(command: str) -> dict:
+    return {"cpu": cpu_model(), "load_average": round(os.getloadavg()[0], 2), "command": command}
 
 
 def routing_markdown(rows: list[dict]) -> list[str]:
@@ -364,14 +380,25 @@ def main() -> None:
         return
     out = Path(args.out)
     report = json.loads(out.read_text()) if out.exists() and args.part != "all" else {}
+    measured = report.setdefault("measured_on", {})
+    if "cpu" in report:  # results saved before parts recorded their own machine: all parts then shared one
+        for part in ("routing", "workers", "claims"):
+            if part in report:
+                measured.setdefault(part, {"cpu": report["cpu"], "load_average": report["load_average"],
+                                           "command": report["command"]})
+        for key in ("cpu", "load_average", "command"):
+            report.pop(key)
+    command = "python bench/scaleout.py " + " ".join(sys.argv[1:])
     if args.part in ("all", "routing"):
         report["routing"], report["trace"] = routing_part(args)
+        measured["routing"] = machine(command)
     if args.part in ("all", "workers"):
         report["workers"] = workers_part(args.runs, [int(n) for n in args.workers.split(",")], args.postgres_url)
+        measured["workers"] = machine(command)
     if args.part in ("all", "claims"):
         report["claims"] = claims_part(50, 300, args.postgres_url)
-    report.update(cpu=cpu_model(), threads=args.threads, load_average=os.getloadavg()[0],
-                  command="python bench/scaleout.py " + " ".join(sys.argv[1:]))
+        measured["claims"] = machine(command)
+    report["threads"] = args.threads
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(markdown(report))
