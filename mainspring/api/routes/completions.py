@@ -3,6 +3,10 @@
 `echo` puts the prompt before the completion, and with `logprobs` scores the prompt's tokens too
 (the first has no logprob: nothing precedes it); `max_tokens: 0` then only scores. That is what
 evaluation harnesses send for log-likelihoods (lm-eval: echo, max_tokens 0, logprobs).
+
+`suffix` asks for fill-in-the-middle: the prompt is the text before the cursor, the suffix the text after it,
+and the completion what goes between (editors' as-you-type completion). The model's own FIM tokens frame the
+two (engine/fim.py); a model without them cannot do it, and a non-empty suffix is then a 400.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from mainspring.api import upstream
 from mainspring.api.routes.models import resolve_model
 from mainspring.api.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, UsageOut
 from mainspring.api.sse import DONE, EventStreamResponse, prime, sse_data
+from mainspring.engine.fim import FimFormat, fim_format
 from mainspring.engine.outputs import RequestOutput, TokenLogprob
 from mainspring.engine.tokenizer import Tokenizer
 
@@ -29,8 +34,10 @@ router = APIRouter()
 ENDPOINT = "/v1/completions"
 
 
-def prompt_token_lists(prompt: Any, tokenizer: Tokenizer, vocab_size: int) -> list[list[int]]:
-    """str | [str] | [int] | [[int]] -> one token-id list per prompt; empty prompts are a 400."""
+def prompt_token_lists(prompt: Any, tokenizer: Tokenizer, vocab_size: int,
+                       allow_empty: bool = False) -> list[list[int]]:
+    """str | [str] | [int] | [[int]] -> one token-id list per prompt; empty prompts are a 400 unless
+    `allow_empty` (a FIM prefix: the cursor at the start of the file)."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -39,16 +46,44 @@ def prompt_token_lists(prompt: Any, tokenizer: Tokenizer, vocab_size: int) -> li
         prompts = list(prompt)
     if not prompts:
         raise bad_request("prompt is empty: give a string, a list of strings or token ids", param="prompt")
-    out = []
+    out: list[list[int]] = []
     for k, p in enumerate(prompts):
+        if p == "" and allow_empty:
+            out.append([])
+            continue
         ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
         where = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
-        if not ids:
+        if not ids and not allow_empty:
             raise bad_request(f"{where} is empty: give at least one token", param=where)
         if any(not 0 <= t < vocab_size for t in ids):
             raise bad_request(f"{where} has token ids outside the vocabulary [0, {vocab_size})", param=where)
         out.append(ids)
     return out
+
+
+def fim_of(body: CompletionRequest, model_id: str, tokenizer: Tokenizer) -> FimFormat | None:
+    """The FIM format a request with `suffix` is built in; None for a plain completion (no suffix, or an empty
+    one on a model without FIM: nothing follows the cursor, so a plain completion is the same request)."""
+    if body.suffix is None:
+        return None
+    fim = fim_format(tokenizer)
+    if fim is None:
+        if not body.suffix:
+            return None
+        raise bad_request(f"The model '{model_id}' has no fill-in-the-middle tokens, so it cannot complete "
+                          "between a prompt and a suffix; leave out suffix, or serve a code model trained for "
+                          "infilling (StarCoder, Qwen2.5-Coder, DeepSeek-Coder or Code Llama tokens)",
+                          param="suffix", code="unsupported_parameter")
+    if body.echo:
+        raise bad_request("echo cannot be combined with suffix (fill-in-the-middle)", param="echo")
+    return fim
+
+
+def fim_token_lists(body: CompletionRequest, fim: FimFormat, tokenizer: Tokenizer, vocab_size: int) -> list[list[int]]:
+    """One PSM prompt per prompt (the text before the cursor), each with the same suffix."""
+    suffix = tokenizer.encode(body.suffix or "")
+    return [fim.prompt_ids(prefix, suffix)
+            for prefix in prompt_token_lists(body.prompt, tokenizer, vocab_size, allow_empty=True)]
 
 
 def _top(lp: TokenLogprob) -> dict[str, float]:
@@ -91,17 +126,22 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
     if upstream.serves(request, body.model):
         return await upstream.proxy(request, body, ENDPOINT)
     model = await resolve_model(request, body.model)
-    if body.suffix:
-        raise bad_request("suffix is not supported by this server", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of must equal n (no server-side ranking)", param="best_of")
     eng = model.engine.engine
-    prompts = await asyncio.to_thread(prompt_token_lists, body.prompt, eng.tokenizer, eng.model_config.vocab_size)
+    fim = fim_of(body, model.id, eng.tokenizer)
+    if fim is not None:
+        prompts = await asyncio.to_thread(fim_token_lists, body, fim, eng.tokenizer, eng.model_config.vocab_size)
+    else:
+        prompts = await asyncio.to_thread(prompt_token_lists, body.prompt, eng.tokenizer,
+                                          eng.model_config.vocab_size)
     # the engine scores prompt tokens for echo + logprobs; max_tokens 0 is "score only" to it
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     if body.max_tokens == 0 and prompt_logprobs is None:
         prompt_logprobs = 0
     extras = {**vllm_guided(body), "prompt_logprobs": prompt_logprobs}
+    if fim is not None:  # the model ends its middle with an end token of its FIM training (or EOS)
+        extras["stop_token_ids"] = list(fim.stop_ids)
     jobs: list[Job] = []
     base = None
     for g, ids in enumerate(prompts):
