@@ -252,6 +252,7 @@ def _register_subcommands() -> None:
     from mainspring.engine.cli import perplexity_cmd
     from mainspring.train.cli import train_cmd
     from mainspring.train.inspect.cli import inspect_cmd, inspect_outputs_cmd
+    from mainspring.scenarios.coding.review_cli import review_cmd
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -269,6 +270,8 @@ def _register_subcommands() -> None:
                                                         "runs: list, create, delete, pause, resume")
     app.add_typer(deadlocks_app, name="deadlocks", help="deadlocks and livelocks between plan tasks: list, show, "
                                                         "resolve; and who waits for whom (waits)")
+    app.command("review", help="review comments on a diff (a file, - for stdin, or --staged): file:line: comment, "
+                               "or JSON")(review_cmd)
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
     app.command("perplexity", help="perplexity of a text file under a KV policy "
                                    "(window, sinks, cold tier)")(perplexity_cmd)
