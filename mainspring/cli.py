@@ -253,6 +253,7 @@ def _register_subcommands() -> None:
     from mainspring.train.cli import train_cmd
     from mainspring.train.inspect.cli import inspect_cmd, inspect_outputs_cmd
     from mainspring.scenarios.coding.review_cli import review_cmd
+    from mainspring.scenarios.coding.cli import code_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
@@ -270,6 +271,8 @@ def _register_subcommands() -> None:
                                                         "runs: list, create, delete, pause, resume")
     app.add_typer(deadlocks_app, name="deadlocks", help="deadlocks and livelocks between plan tasks: list, show, "
                                                         "resolve; and who waits for whom (waits)")
+    app.add_typer(code_app, name="code", help='the coding agent: mainspring code "task" [--repo PATH] edits and '
+                                              "tests in the sandbox until green, then prints the diff; bench; diff")
     app.command("review", help="review comments on a diff (a file, - for stdin, or --staged): file:line: comment, "
                                "or JSON")(review_cmd)
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")

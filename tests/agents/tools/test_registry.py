@@ -45,12 +45,17 @@ def test_plain_functions_are_wrapped_and_non_tools_refused():
 
 
 def test_builtin_registry_has_http_fetch_only_when_enabled(settings):
-    assert builtin_registry(settings).names() == ["python", "shell", "search", "sql", "files", "scene_validate",
-                                                  "scene_render"]
+    # the built-in tools, then each entry-point tool pack by name: coding, scene3d
+    assert builtin_registry(settings).names() == ["python", "shell", "search", "sql", "files", "view_file",
+                                                  "search_code", "edit_file", "create_file", "run_tests",
+                                                  "scene_validate", "scene_render"]
     enabled = builtin_registry(settings, enable_http=True)
     assert enabled.names()[-1] == "http_fetch"
     flags = {t.name: (t.idempotent, t.requires_approval) for t in enabled}
     assert flags == {"python": (False, False), "shell": (False, False), "search": (True, False),
-                     "sql": (True, False), "files": (False, False), "scene_validate": (True, False),
+                     "sql": (True, False), "files": (False, False), "view_file": (True, False),
+                     # the coding tools that change files keep each call's first result by idempotency key
+                     "search_code": (True, False), "edit_file": (True, False), "create_file": (True, False),
+                     "run_tests": (True, False), "scene_validate": (True, False),
                      "scene_render": (True, False), "http_fetch": (True, False)}
     assert enabled.get("python").timeout_s == 30 + 30  # the python profile's wall time plus the margin
