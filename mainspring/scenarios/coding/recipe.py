@@ -28,6 +28,7 @@ from mainspring.store.ids import new_id
 
 AGENT_NAME = "coding"
 STOP_REASONS = ("tests_green", "same_failure", "max_iterations")  # set by run_tests (tools.py)
+LAYOUTS = ("map_first", "task_first")  # where the task text goes (CodingTask.layout)
 INSTRUCTIONS = """\
 You are a careful software engineer. You change a Python repository to do what the task asks, and the
 repository's tests tell you when you are done. Work in this order:
@@ -54,6 +55,10 @@ class CodingTask:
     token_budget: int | None = None
     cost_budget_usd: str | None = None
     temperature: float = 0.0
+    # "map_first": instructions + map, the same for every turn and, the instructions, for every run (the cached
+    # prefix); "task_first": the task text heads the system prompt, before the map (the baseline bench/coding.py
+    # compares against: no prefix is shared across tasks)
+    layout: str = "map_first"
 
     def check(self) -> None:
         """ValueError naming what is wrong (the CLI's exit 2)."""
@@ -65,14 +70,19 @@ class CodingTask:
             raise ValueError(f"--max-iterations must be 1..{MAX_ITERATIONS}, not {self.max_iterations}")
         if self.map_tokens < 0:
             raise ValueError("the map's token budget cannot be negative")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
 
 
-def instructions(repo_map: str) -> str:
-    return f"{INSTRUCTIONS}\n\nRepository map (files, classes and signatures; most relevant first):\n{repo_map}"
+def instructions(repo_map: str, task: str | None = None) -> str:
+    """The system prompt; with `task` (the task_first layout) the task text comes first."""
+    head = f"Task: {task}\n\n" if task is not None else ""
+    return f"{head}{INSTRUCTIONS}\n\nRepository map (files, classes and signatures; most relevant first):\n{repo_map}"
 
 
 def coding_spec(task: CodingTask, repo_map: str) -> AgentSpec:
-    return AgentSpec(name=AGENT_NAME, model=task.model, instructions=instructions(repo_map), tools=list(TOOL_NAMES),
+    system = instructions(repo_map, task.task if task.layout == "task_first" else None)
+    return AgentSpec(name=AGENT_NAME, model=task.model, instructions=system, tools=list(TOOL_NAMES),
                      temperature=task.temperature,
                      limits=AgentLimits(max_steps=task.max_steps, max_tokens=task.max_tokens,
                                         token_budget=task.token_budget, cost_budget_usd=task.cost_budget_usd,
