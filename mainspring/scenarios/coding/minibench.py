@@ -171,13 +171,15 @@ def _wait(runtime: AgentRuntime, run_id: str, timeout_s: float, poll_s: float) -
 
 
 def run_task(runtime: AgentRuntime, instance: Instance, model: str, *, layout: str = "map_first",
-             attempt: int = 0, max_iterations: int = 3, hints: bool = False, timeout_s: float = 900.0,
-             sandbox: Any = None, poll_s: float = 0.2, trajectory: IO[str] | None = None) -> TaskResult:
+             attempt: int = 0, max_iterations: int = 3, max_steps: int = 30, max_tokens: int = 1024,
+             hints: bool = False, timeout_s: float = 900.0, sandbox: Any = None, poll_s: float = 0.2,
+             trajectory: IO[str] | None = None) -> TaskResult:
     """One attempt at one instance: the coding run, then the harness on its diff."""
     statement = instance.problem_statement
     if hints and instance.hints_text:
         statement += f"\n\nHints: {instance.hints_text}"
-    task = CodingTask(statement, instance.snapshot, model=model, max_iterations=max_iterations, layout=layout)
+    task = CodingTask(statement, instance.snapshot, model=model, max_iterations=max_iterations, layout=layout,
+                      max_steps=max_steps, max_tokens=max_tokens)
     started = time.monotonic()
     run = start_coding_run(runtime, task)
     ended = _wait(runtime, run.run_id, timeout_s, poll_s)
@@ -203,10 +205,12 @@ def run_task(runtime: AgentRuntime, instance: Instance, model: str, *, layout: s
 def run_minibench(runtime: AgentRuntime, model: str, *, tasks: Sequence[str | Instance] | None = None,
                   layout: str = "map_first", trajectories: Path | None = None,
                   progress: Callable[[TaskResult], None] | None = None, samples: int = 1, max_iterations: int = 3,
-                  hints: bool = False, timeout_s: float = 900.0, sandbox: Any = None,
+                  max_steps: int = 30, max_tokens: int = 1024, hints: bool = False, timeout_s: float = 900.0,
+                  sandbox: Any = None,
                   instances_file: Path = INSTANCES_FILE, poll_s: float = 0.2) -> MinibenchReport:
     """Run the minibench (or the `tasks` given, by id or as Instances) `samples` times each with `model`;
-    `progress` is called with each attempt's result as it is judged. ValueError for a bad argument (an unknown
+    `progress` is called with each attempt's result as it is judged; max_iterations, max_steps and max_tokens
+    (per model call) go to each CodingTask. ValueError for a bad argument (an unknown
     task id, a layout that is not one of LAYOUTS), before any run starts."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
@@ -226,7 +230,8 @@ def run_minibench(runtime: AgentRuntime, model: str, *, tasks: Sequence[str | In
         for inst in instances:
             for attempt in range(samples):
                 result = run_task(runtime, inst, model, layout=layout, attempt=attempt, max_iterations=max_iterations,
-                                  hints=hints, timeout_s=timeout_s, sandbox=sandbox, poll_s=poll_s, trajectory=sink)
+                                  max_steps=max_steps, max_tokens=max_tokens, hints=hints, timeout_s=timeout_s,
+                                  sandbox=sandbox, poll_s=poll_s, trajectory=sink)
                 report.results.append(result)
                 if progress is not None:
                     progress(result)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 
 from mainspring.models import ToolCall
@@ -23,14 +24,14 @@ def _edit(file: str, search: str, replace: str, call_id: str) -> ToolCall:
     return ToolCall(call_id, "edit_file", json.dumps({"file": file, "search": search, "replace": replace}))
 
 
-def _bench(tmp_path, sandbox, model, **kwargs) -> tuple[MinibenchReport, object]:
+def _bench(tmp_path, sandbox, model, name: str = "scripted", **kwargs) -> tuple[MinibenchReport, object]:
     runtime = _runtime(tmp_path, model, sandbox)
     seen = []
 
     async def main():
         await runtime.start()
         try:
-            return await asyncio.to_thread(run_minibench, runtime, "scripted", sandbox=sandbox, progress=seen.append,
+            return await asyncio.to_thread(run_minibench, runtime, name, sandbox=sandbox, progress=seen.append,
                                            poll_s=0.05, timeout_s=240, **kwargs)
         finally:
             await runtime.stop()
@@ -102,3 +103,47 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path, sandbox):
         with pytest.raises(ValueError):
             run_minibench(runtime, "scripted", **bad)
     assert runtime.runs() == []
+
+
+@pytest.fixture(scope="module")
+def embedded_server(embedded, tmp_path_factory):
+    """The embedded SmolLM2 served over HTTP on 127.0.0.1 (the API app on the real engine)."""
+    from mainspring.api.app import create_app
+    from mainspring.config import Settings
+    from mainspring.engine.async_engine import AsyncLLMEngine
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from tests.servers import serve
+
+    engine = AsyncLLMEngine(LLMEngine(embedded, EngineConfig(kv_cache_mb=256)))
+    db = tmp_path_factory.mktemp("minibench-api") / "mainspring.db"
+    try:
+        with serve(create_app(Settings(database_url=f"sqlite:///{db}"), engine=engine), engine) as srv:
+            yield srv
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_the_embedded_model_runs_a_minibench_task_end_to_end_over_http(tmp_path, sandbox, embedded_server):
+    """SmolLM2-135M is not expected to resolve the task: the machinery must run to an outcome, every model call
+    going over HTTP, with its usage counted and the harness's verdict on whatever diff the run left."""
+    from mainspring.models import OpenAICompatibleModel
+
+    served = httpx.get(f"{embedded_server.openai_url}/models").json()["data"][0]["id"]  # SmolLM2-135M-Instruct
+    model = OpenAICompatibleModel(embedded_server.openai_url, api_key="x", model=served, timeout=300,
+                                  max_retries=0)
+    trajectories = tmp_path / "traj.jsonl"
+    report, runtime = _bench(tmp_path, sandbox, model, served, tasks=["spans-2"], trajectories=trajectories,
+                             max_steps=3, max_tokens=64)
+    (result,) = report.results
+    run = runtime.run(result.run_id)
+    assert result.status in ("succeeded", "failed", "paused") and not result.timed_out, result.to_dict()
+    assert run.step_count >= 1 and run.stop_reason, (result.to_dict(), run.error)
+    assert result.prompt_tokens == run.prompt_tokens > 500  # the map and tools went in
+    assert result.completion_tokens > 0 and result.eval_s > 0
+    assert result.resolved in (True, False) and result.reason  # judged on the run's diff, empty or not
+    (line,) = [json.loads(x) for x in trajectories.read_text().splitlines()]
+    assert line["steps"] and line["steps"][0]["usage"]["prompt_tokens"] > 500
+    assert report.model == served and f"model {served}" in report.render()
+    print(report.render())
