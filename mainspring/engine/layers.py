@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mainspring.engine.errors import UnsupportedModelError
@@ -18,7 +20,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # x * rsqrt(mean(x^2) + eps) * weight, as one call: a decode step runs 61 of these on one row each,
+        # where dispatching each small op costs more than its arithmetic
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -44,6 +48,21 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
 
 
+@dataclass
+class Rotation:
+    """RoPE's angles at one forward's positions, looked up once and shared by every layer.
+
+    `signed_sin` is sin with the first half negated, so that rotate_half(x) * sin == x.roll(D/2) * signed_sin:
+    the rotation is three ops (mul, roll, addcmul), applied to a layer's queries and keys together."""
+
+    cos: torch.Tensor  # [T, 1, D]
+    signed_sin: torch.Tensor  # [T, 1, D]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, D] -> rotated, a new tensor."""
+        return torch.addcmul(x * self.cos, x.roll(x.shape[-1] // 2, -1), self.signed_sin)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE (the Hugging Face layout) with a precomputed cos/sin table."""
 
@@ -51,6 +70,7 @@ class RotaryEmbedding(nn.Module):
     inv_freq: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    signed_sin: torch.Tensor
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
@@ -60,6 +80,7 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("signed_sin", _signed(self.sin), persistent=False)
 
     def ensure(self, positions: torch.Tensor) -> None:
         """Positions past the trained context (a sliding-window sequence may run beyond it): grow
@@ -73,6 +94,11 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = torch.cat([self.cos, emb.cos().float()])
         self.sin = torch.cat([self.sin, emb.sin().float()])
+        self.signed_sin = _signed(self.sin)
+
+    def at(self, positions: torch.Tensor) -> Rotation:
+        """The angles at `positions` [T] (after `ensure`), for `Rotation.apply` on [T, heads, D]."""
+        return Rotation(self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1))
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]
@@ -83,3 +109,8 @@ class RotaryEmbedding(nn.Module):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)

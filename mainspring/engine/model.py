@@ -13,7 +13,7 @@ from torch import nn
 from mainspring.engine.attention import AttentionMetadata, paged_attention
 from mainspring.engine.config import ModelConfig
 from mainspring.engine.errors import ModelLoadError
-from mainspring.engine.layers import RMSNorm, RotaryEmbedding
+from mainspring.engine.layers import RMSNorm, RotaryEmbedding, Rotation
 
 
 class Attention(nn.Module):
@@ -26,11 +26,13 @@ class Attention(nn.Module):
                                 bias=cfg.attention_bias and cfg.architecture != "qwen2")
         self.scale = self.d**-0.5
 
-    def forward(self, x, positions, rope: RotaryEmbedding, kv: tuple[torch.Tensor, torch.Tensor], meta):
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
-        q, k = rope(positions, q.view(t, self.h, self.d), k.view(t, self.kvh, self.d))
-        o = paged_attention(q, k, v.view(t, self.kvh, self.d), kv, meta, self.scale)
+    def forward(self, x, rot: Rotation, kv: tuple[torch.Tensor, torch.Tensor], meta):
+        t, qk_width = x.shape[0], (self.h + self.kvh) * self.d
+        qkv = self.qkv_proj(x)
+        # queries and keys are rotated together: one set of RoPE ops per layer instead of two
+        qk = rot.apply(qkv[:, :qk_width].view(t, self.h + self.kvh, self.d))
+        v = qkv[:, qk_width:].view(t, self.kvh, self.d)
+        o = paged_attention(qk[:, : self.h], qk[:, self.h :], v, kv, meta, self.scale)
         return self.o_proj(o.reshape(t, self.h * self.d))
 
 
@@ -53,8 +55,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rope, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta)
+    def forward(self, x, rot: Rotation, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rot, kv, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -73,9 +75,10 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
         """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache."""
         self.rope.ensure(positions)
+        rot = self.rope.at(positions)  # once per forward, for every layer
         x = self.embed_tokens(input_ids)
         for layer, kv in zip(self.layers, kv_cache):
-            x = layer(x, positions, self.rope, kv, meta)
+            x = layer(x, rot, kv, meta)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

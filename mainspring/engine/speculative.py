@@ -199,9 +199,11 @@ class DraftModelProposer:
 
     def _logits(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         m = self.model
+        m.rope.ensure(positions)
+        rot = m.rope.at(positions)
         x = m.embed_tokens(ids)
         for i in self.layers:
-            x = m.layers[i](x, positions, m.rope, self.kv_cache[i], meta)
+            x = m.layers[i](x, rot, self.kv_cache[i], meta)
         return m.compute_logits(x)
 
     @torch.inference_mode()

@@ -249,8 +249,8 @@ def test_quantized_kv_attention_stays_close_to_fp32(embedded):
     ids = embedded.tokenizer.encode(TEXT)
     assert len(ids) >= t
     runner = ModelRunner(model, blocks, bs)
-    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (attention input, positions)
-    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, args, i=i: seen.__setitem__(i, args[:2]))
+    seen: dict[int, torch.Tensor] = {}  # layer -> attention input
+    hooks = [layer.self_attn.register_forward_pre_hook(lambda m, args, i=i: seen.__setitem__(i, args[0]))
              for i, layer in enumerate(model.layers)]
     meta = AttentionMetadata.build([], [(list(range(blocks)), 0, t)], bs)
     with torch.inference_mode():
@@ -273,9 +273,9 @@ def test_quantized_kv_attention_stays_close_to_fp32(embedded):
             store.store(cold, k, v)
             errs[bits] = []
             for layer in range(n_layers):
-                x, pos = seen[layer]
+                x = seen[layer]
                 q = model.layers[layer].self_attn.qkv_proj(x[-nq:])[:, : h * d].view(nq, h, d)
-                (q,) = model.rope(pos[-nq:], q)
+                (q,) = model.rope(torch.arange(t - nq, t), q)
                 want = attend(q, k[layer].reshape(t, kvh, d), v[layer].reshape(t, kvh, d))
                 errs[bits].append(rel_err(attend(q, *store.load(layer, cold)), want))
     mean = {bits: sum(e) / n_layers for bits, e in errs.items()}
