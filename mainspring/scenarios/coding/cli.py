@@ -170,3 +170,13 @@ def diff_cmd(run_id: str, as_json: bool = typer.Option(False, "--json"), api_key
         out.print_json(json.dumps(outcome.to_dict()))
     else:
         typer.echo(outcome.diff, nl=False)
+
+
+def _register_bench() -> None:
+    from mainspring.scenarios.coding.bench_cli import bench_cmd  # it imports this module
+
+    code_app.command("bench", help="the coding minibench against the server: resolved rate, pass@1, tokens, "
+                                   "cache hit rate, $ per resolved task")(bench_cmd)
+
+
+_register_bench()

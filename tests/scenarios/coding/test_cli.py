@@ -97,3 +97,43 @@ def test_bad_input_and_no_server_exit_2_with_a_message(tmp_path, monkeypatch):
 def test_a_task_named_like_nothing_else_is_a_run_and_help_lists_the_commands():
     r = mainspring("code", "--help")
     assert r.code == 0 and "run" in r.out and "diff" in r.out
+
+
+@pytest.fixture
+def gold_server(tmp_path, monkeypatch):
+    """A server whose model types in spans-1's gold fix between two test runs."""
+    data = tmp_path / "data"
+    model = ScriptedModel([ToolCall("c1", "run_tests", "{}"),
+                           ToolCall("c2", "edit_file", json.dumps({
+                               "file": "spans/interval.py", "search": "return self.start <= point <= self.end",
+                               "replace": "return self.start <= point < self.end"})),
+                           ToolCall("c3", "run_tests", "{}")])
+    tools = {t.name: t for t in coding_tools(Settings(data_dir=data))}
+    with agent_server(data, models=lambda name, project=None: model, tools=tools) as s:
+        for name, value in (("HOST", "127.0.0.1"), ("PORT", s.url.rsplit(":", 1)[1]), ("DATA_DIR", str(data)),
+                            ("DATABASE_URL", f"sqlite:///{data}/db.sqlite")):
+            monkeypatch.setenv(f"MAINSPRING_{name}", value)
+        yield model
+
+
+def test_code_bench_runs_a_task_through_the_server_and_writes_the_report(tmp_path, gold_server):
+    trajectories = tmp_path / "out" / "t.jsonl"
+    r = mainspring("code", "bench", "--tasks", "spans-1", "--trajectories", str(trajectories), "--json")
+    assert r.code == 0, r
+    report = json.loads(r.out)
+    assert (report["tasks"], report["resolved"], report["pass@1"], report["mean_iterations_to_green"]) == (
+        1, 1, 1.0, 1)
+    assert report["tokens"]["prompt"] > 0 and report["results"][0]["instance_id"] == "spans-1"
+    assert json.loads(trajectories.with_suffix(".report.json").read_text())["resolved"] == 1
+    line = json.loads(trajectories.read_text().splitlines()[0])
+    assert line["instance_id"] == "spans-1" and [s["tool_calls"][0]["name"] for s in line["steps"]] == [
+        "run_tests", "edit_file", "run_tests"]
+    assert "spans-1 #0: resolved" in r.err  # the progress line of each judged attempt
+
+
+def test_code_bench_refuses_an_unknown_task_or_layout(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAINSPRING_PORT", str(free_port()))
+    for args, message in ((["--tasks", "nope-1"], "unknown instance ids"),
+                          (["--layout", "sideways"], "--layout must be one of")):
+        r = mainspring("code", "bench", *args)
+        assert r.code == 2 and message in r.err, r
