@@ -89,6 +89,22 @@ def test_a_model_edit_of_the_hidden_tests_is_undone(sandbox, tmp_path):
     assert fixed.resolved and fixed.dropped_test_edits == ["tests/conftest.py", "tests/test_money.py"]
 
 
+def test_a_patch_that_creates_a_file_applies(sandbox, tmp_path):
+    """The coding run's diff (workcopy.unified_diff) of a fix that moves code into a new module."""
+    inst = BY_ID["spans-2"]
+    before, after = tmp_path / "a", tmp_path / "b"
+    copy_repository(inst.snapshot, before)
+    copy_repository(inst.snapshot, after)
+    (after / "spans" / "_empty.py").write_text("def nothing(items):\n    return not items\n")
+    merge = after / "spans" / "merge.py"
+    text = merge.read_text().replace("from spans.interval import Interval\n",
+                                     "from spans._empty import nothing\nfrom spans.interval import Interval\n")
+    merge.write_text(text.replace("    out = [ordered[0]]\n", "    if nothing(ordered):\n        return []\n"
+                                  "    out = [ordered[0]]\n"))
+    ev = evaluate(inst, unified_diff(before, after), sandbox=sandbox)
+    assert ev.resolved and ev.applied, ev.reason
+
+
 def test_apply_patch_falls_back_to_patch_with_fuzz(tmp_path):
     inst = BY_ID["csvtext-2"]
     copy_repository(inst.snapshot, tmp_path / "repo")
