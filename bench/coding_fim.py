@@ -146,23 +146,28 @@ def main() -> None:
                         "prefix_tokens": args.prefix, "suffix_tokens": args.suffix, "new_tokens": NEW_TOKENS,
                         "samples": args.samples, "variants": {},
                         "command": "python bench/coding_fim.py " + " ".join(sys.argv[1:])}
-        for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
-            model = name + ("-fast" if variant == "fast" else "")
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        models = {v: name + ("-fast" if v == "fast" else "") for v in variants}
+        for model in models.values():
             complete(server.url, model, *source_file(999, tokenizer, 200, 50))  # warm-up: kernels, allocator
-            cold, warm = [], []
-            for i in range(args.samples):
-                seed = i + (0 if variant == "standard" else 500)  # each sample its own file: the first call is cold
-                prefix, suffix = source_file(seed, tokenizer, args.prefix, args.suffix)
-                cold.append(complete(server.url, model, prefix, suffix))
+        cold: dict[str, list[dict]] = {v: [] for v in variants}
+        warm: dict[str, list[dict]] = {v: [] for v in variants}
+        for i in range(args.samples):
+            for k, variant in enumerate(variants):  # alternated, so a busy spell of the machine hits each
+                prefix, suffix = source_file(i + 500 * k, tokenizer, args.prefix, args.suffix)  # a new file: cold
+                cold[variant].append(complete(server.url, models[variant], prefix, suffix))
                 # the cursor moved on: a few characters typed, the rest of the file after it
-                warm.append(complete(server.url, model, prefix + "total = ", suffix[40:]))
-            row = {"first_call": {k: p50(cold, k) for k in ("ttft_s", "total_s")},
-                   "second_call": {k: p50(warm, k) for k in ("ttft_s", "total_s")},
-                   "prompt_tokens_p50": int(statistics.median(r["prompt_tokens"] for r in warm)),
-                   "cached_tokens_p50": int(statistics.median(r["cached_tokens"] for r in warm)),
-                   "completion_tokens": sorted({r["completion_tokens"] for r in cold + warm})}
+                warm[variant].append(complete(server.url, models[variant], prefix + "total = ", suffix[40:]))
+        for variant in variants:
+            c, w = cold[variant], warm[variant]
+            row = {"first_call": {k: p50(c, k) for k in ("ttft_s", "total_s")},
+                   "second_call": {k: p50(w, k) for k in ("ttft_s", "total_s")},
+                   "second_call_total_s_all": sorted(round(r["total_s"], 3) for r in w),
+                   "prompt_tokens_p50": int(statistics.median(r["prompt_tokens"] for r in w)),
+                   "cached_tokens_p50": int(statistics.median(r["cached_tokens"] for r in w)),
+                   "completion_tokens": sorted({r["completion_tokens"] for r in c + w})}
             report["variants"][variant] = row
-            print(f"{model}: first call p50 {row['first_call']['total_s']:.3f} s, second (cached) p50 "
+            print(f"{models[variant]}: first call p50 {row['first_call']['total_s']:.3f} s, second (cached) p50 "
                   f"{row['second_call']['total_s']:.3f} s (first token {row['second_call']['ttft_s']:.3f} s), "
                   f"cached {row['cached_tokens_p50']}/{row['prompt_tokens_p50']} prompt tokens", file=sys.stderr)
         report["loadavg_1m_after"] = round(os.getloadavg()[0], 2)

@@ -15,6 +15,8 @@ import json
 import openai
 import pytest
 
+from tests.api.test_upstream import oai as upstream_client
+from tests.api.test_upstream import stack  # noqa: F401  (the fake upstream behind a server: a fixture)
 from tests.servers import serve
 
 pytestmark = pytest.mark.slow
@@ -155,3 +157,10 @@ def test_several_prompts_an_empty_prefix_and_echo(fim_oai, fim_model):
     with pytest.raises(openai.BadRequestError) as e:
         fim_oai.completions.create(model=MODEL, prompt=PREFIX, suffix=SUFFIX, echo=True, max_tokens=2)
     assert e.value.param == "echo"
+
+
+def test_an_upstream_model_gets_the_suffix_as_the_client_sent_it(stack):  # noqa: F811
+    srv, fake, _ = stack  # the upstream knows what it can do with a suffix; we do not
+    r = upstream_client(srv).completions.create(model="remote-chat", prompt="def f(", suffix="):\n", max_tokens=1)
+    assert r.choices[0].text == " there"
+    assert fake.calls[-1]["body"] == {"model": "fake-gpt", "prompt": "def f(", "suffix": "):\n", "max_tokens": 1}
