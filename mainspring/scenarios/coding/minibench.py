@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
+from mainspring.agents.journal import JournalError
 from mainspring.agents.runtime import AgentRuntime
 from mainspring.scenarios.coding.harness import evaluate
 from mainspring.scenarios.coding.instances import INSTANCES_FILE, Instance, load_instances
@@ -161,7 +162,10 @@ def _wait(runtime: AgentRuntime, run_id: str, timeout_s: float, poll_s: float) -
     deadline = time.monotonic() + timeout_s
     while runtime.run(run_id).status not in TERMINAL:
         if time.monotonic() >= deadline:
-            runtime.act(run_id, "cancel", actor="minibench")
+            try:
+                runtime.act(run_id, "cancel", actor="minibench")
+            except JournalError:  # it ended meanwhile
+                return True
             stop = time.monotonic() + CANCEL_WAIT_S
             while runtime.run(run_id).status not in TERMINAL and time.monotonic() < stop:
                 time.sleep(poll_s)

@@ -97,6 +97,14 @@ def test_the_layout_puts_the_task_before_or_after_the_map(tmp_path, sandbox, lay
     assert report.layout == layout and report.to_dict()["layout"] == layout
 
 
+def test_a_run_that_does_not_end_in_time_is_cancelled_and_judged(tmp_path, sandbox):
+    runtime = _runtime(tmp_path, ScriptedModel([]), sandbox)  # never started: nothing drives the run
+    report = run_minibench(runtime, "scripted", tasks=["spans-2"], timeout_s=0.3, poll_s=0.05, sandbox=sandbox)
+    (result,) = report.results
+    assert (result.timed_out, result.status, result.resolved) == (True, "cancelled", False)
+    assert "FAIL_TO_PASS tests do not pass" in result.reason and result.eval_s > 0
+
+
 def test_bad_arguments_are_refused_before_any_run(tmp_path, sandbox):
     runtime = _runtime(tmp_path, ScriptedModel([]), sandbox)
     for bad in ({"layout": "sideways"}, {"tasks": ["nope-1"]}, {"samples": 0}):
