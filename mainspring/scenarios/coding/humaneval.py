@@ -170,8 +170,15 @@ def extract_code(reply: str) -> str:
 def chat_completer(model: Any, *, temperature: float = 0.8, max_tokens: int = 384) -> Completer:
     """A Completer over a ChatModel: the reply's code follows the prompt, so a whole function redefines the
     prompt's (whose docstring alone is a valid body) and an indented body continues it."""
-    def complete(prompt: str) -> str:
+    async def ask(prompt: str) -> str:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
-        done = asyncio.run(model.chat(messages, temperature=temperature, max_tokens=max_tokens))
-        return "\n" + extract_code(done.text)
+        try:
+            return (await model.chat(messages, temperature=temperature, max_tokens=max_tokens)).text
+        finally:  # an HTTP client's pool belongs to this call's event loop: closed with it, not leaked
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def complete(prompt: str) -> str:
+        return "\n" + extract_code(asyncio.run(ask(prompt)))
     return complete

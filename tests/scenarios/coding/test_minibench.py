@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from mainspring.models import ToolCall
 from mainspring.scenarios.coding.instances import load_instances
 from mainspring.scenarios.coding.minibench import MinibenchReport, run_minibench
+from tests.scenarios.coding.embedded_http import embedded_http, served_model
 from tests.scenarios.coding.test_loop import _runtime
 from tests.scripted_model import ScriptedModel
 
@@ -115,21 +115,8 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path, sandbox):
 
 @pytest.fixture(scope="module")
 def embedded_server(embedded, tmp_path_factory):
-    """The embedded SmolLM2 served over HTTP on 127.0.0.1 (the API app on the real engine)."""
-    from mainspring.api.app import create_app
-    from mainspring.config import Settings
-    from mainspring.engine.async_engine import AsyncLLMEngine
-    from mainspring.engine.config import EngineConfig
-    from mainspring.engine.engine import LLMEngine
-    from tests.servers import serve
-
-    engine = AsyncLLMEngine(LLMEngine(embedded, EngineConfig(kv_cache_mb=256)))
-    db = tmp_path_factory.mktemp("minibench-api") / "mainspring.db"
-    try:
-        with serve(create_app(Settings(database_url=f"sqlite:///{db}"), engine=engine), engine) as srv:
-            yield srv
-    finally:
-        engine.close()
+    with embedded_http(embedded, tmp_path_factory.mktemp("minibench-api")) as srv:
+        yield srv
 
 
 @pytest.mark.slow
@@ -138,7 +125,7 @@ def test_the_embedded_model_runs_a_minibench_task_end_to_end_over_http(tmp_path,
     going over HTTP, with its usage counted and the harness's verdict on whatever diff the run left."""
     from mainspring.models import OpenAICompatibleModel
 
-    served = httpx.get(f"{embedded_server.openai_url}/models").json()["data"][0]["id"]  # SmolLM2-135M-Instruct
+    served = served_model(embedded_server)
     model = OpenAICompatibleModel(embedded_server.openai_url, api_key="x", model=served, timeout=300,
                                   max_retries=0)
     trajectories = tmp_path / "traj.jsonl"

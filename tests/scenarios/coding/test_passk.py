@@ -12,6 +12,7 @@ import pytest
 from mainspring.scenarios.coding.humaneval import (chat_completer, evaluate_passk, extract_code, load_problems,
                                                    run_samples)
 from mainspring.scenarios.coding.passk import mean_pass_at_k, pass_at_k
+from tests.scenarios.coding.embedded_http import embedded_http, served_model
 from tests.scripted_model import ScriptedModel
 
 PROBLEMS = load_problems()
@@ -85,3 +86,23 @@ def test_a_chat_models_fenced_reply_is_a_completion(sandbox):
     assert report.results[0].passed == [True, False]
     assert model.calls[0]["messages"][1]["content"] == problem.prompt and model.calls[0]["temperature"] == 0.2
     assert extract_code("no fence") == "no fence\n"
+
+
+@pytest.fixture(scope="module")
+def embedded_server(embedded, tmp_path_factory):
+    with embedded_http(embedded, tmp_path_factory.mktemp("passk-api")) as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_the_embedded_model_samples_over_http_and_is_scored(sandbox, embedded_server):
+    """SmolLM2-135M through the OpenAI-compatible API: whatever it writes is run and counted (it need not pass)."""
+    from mainspring.models import OpenAICompatibleModel
+
+    served = served_model(embedded_server)
+    model = OpenAICompatibleModel(embedded_server.openai_url, api_key="x", model=served, timeout=300, max_retries=0)
+    report = evaluate_passk(chat_completer(model, max_tokens=96), PROBLEMS[:2], n=2, ks=(1, 2), sandbox=sandbox)
+    assert [r.n for r in report.results] == [2, 2]
+    assert all(len(r.errors) == r.n - r.c for r in report.results)
+    assert 0.0 <= report.pass_at(1) <= report.pass_at(2) <= 1.0
+    print(report.render())
