@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from mainspring.scenarios.coding.instances import Instance
 from mainspring.scenarios.coding.pytest_run import PROFILE, TestReport, run_pytest
 from mainspring.scenarios.coding.workcopy import copy_repository, is_test_path
-from mainspring.scenarios.coding.workcopy import _files as tree_files
+from mainspring.scenarios.coding.workcopy import _files as tree_files  # the diff's own view of a tree
 
 APPLY_TIMEOUT_S = 30
 PATCH_FUZZ = 3
