@@ -37,6 +37,8 @@ def bench_cmd(
     layout: str = typer.Option("map_first", "--layout", help=f"prompt layout: {' or '.join(LAYOUTS)}"),
     samples: int = typer.Option(1, "--samples", min=1, max=20, help="attempts per task (pass@1 over them)"),
     max_iterations: int = typer.Option(3, "--max-iterations", min=1, max=MAX_ITERATIONS),
+    max_tokens: int = typer.Option(1024, "--max-tokens", min=16, max=8192, help="tokens per model call"),
+    max_steps: int = typer.Option(30, "--max-steps", min=1, max=200, help="model calls per attempt"),
     timeout_s: float = typer.Option(900.0, "--timeout", min=10.0, help="seconds per attempt before it is "
                                     "cancelled and judged on its diff so far"),
     humaneval: int = typer.Option(0, "--humaneval", min=0, max=50, help="also sample N completions of each "
@@ -72,7 +74,8 @@ def bench_cmd(
             bar.advance(job)
 
         report = run_minibench(runtime, model, tasks=instances, layout=layout, trajectories=path, progress=progress,
-                               samples=samples, max_iterations=max_iterations, timeout_s=timeout_s)
+                               samples=samples, max_iterations=max_iterations, max_tokens=max_tokens,
+                               max_steps=max_steps, timeout_s=timeout_s)
     summary = report.to_dict()
     if humaneval:
         summary["humaneval"] = _passk(server, model, humaneval, api_key).to_dict()
