@@ -103,9 +103,10 @@ def run_cmd(
         run = start_coding_run(runtime, spec)
     except ValueError as exc:  # an unknown model, a budget that does not parse, …
         fail(str(exc))
-    m = run.repo_map
+    m, f = run.repo_map, run.focus
     err.print(f"[dim]{run.run_id} · model {model} · map: {len(m.files)} files, {m.definitions} of "
-              f"{m.total_definitions} definitions, {m.tokens} tokens[/dim]")
+              f"{m.total_definitions} definitions, {m.tokens} tokens; focus: {', '.join(f.files[:3]) or '-'}, "
+              f"{f.tokens} tokens[/dim]")
     if not as_json:
         follow(server, run.run_id)
     else:

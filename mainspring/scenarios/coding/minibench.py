@@ -199,6 +199,7 @@ def run_task(runtime: AgentRuntime, instance: Instance, model: str, *, layout: s
         record = {"instance_id": instance.instance_id, "attempt": attempt, "model": model, "layout": layout,
                   "run_id": run.run_id, "problem_statement": statement,
                   "repo_map": {"files": run.repo_map.files, "tokens": run.repo_map.tokens},
+                  "focus": {"files": run.focus.files, "tokens": run.focus.tokens},
                   "steps": runtime.steps(run.run_id), "outcome": outcome.to_dict(), "evaluation": ev.to_dict(),
                   "result": result.to_dict()}
         trajectory.write(json.dumps(record, default=str) + "\n")

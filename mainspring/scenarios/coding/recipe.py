@@ -1,10 +1,12 @@
 """The coding agent as an ordinary durable agent run: an AgentSpec whose system prompt is the instructions and
 the repository map, the task as the goal, and the coding tools (tools.py); the run loop is the runtime's own.
 
-Prompt layout for the prefix cache: system = fixed instructions + repository map (both fixed for the run, and
-the instructions for every run, so the cached prefix is as long as it can be), then the task (the run's goal),
-then the append-only history of steps. The loop closes in `run_tests` (tools.py), which ends the run on green,
-on the same failure twice or at the iteration cap; the budget pauses it and `max_steps` bounds the rest.
+Prompt layout for the prefix cache: system = fixed instructions + the repository's map (ranked without the task:
+the same for every run on the repository) + the task's focus map (ranked for the task), then the task (the run's
+goal), then the append-only history of steps. So every turn of a run reads the turns before it from the prefix
+cache, and every run on the same repository reads the instructions and the map.
+The loop closes in `run_tests` (tools.py), which ends the run on green, on the same failure twice or at the
+iteration cap; the budget pauses it and `max_steps` bounds the rest.
 The run is journaled, audited, resumable and priced like any other; its result holds the final diff.
 
     run = start_coding_run(runtime, CodingTask("fix the rounding in money.py", Path("~/src/money")))
@@ -27,6 +29,7 @@ from mainspring.scenarios.coding.workcopy import MAX_ITERATIONS, TaskOptions, Wo
 from mainspring.store.ids import new_id
 
 AGENT_NAME = "coding"
+FOCUS_SHARE = 4  # the task's focus map gets 1/4 of the map budget, the repository's map the rest
 STOP_REASONS = ("tests_green", "same_failure", "max_iterations")  # set by run_tests (tools.py)
 LAYOUTS = ("map_first", "task_first")  # where the task text goes (CodingTask.layout)
 INSTRUCTIONS = """\
@@ -74,14 +77,32 @@ class CodingTask:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
 
 
-def instructions(repo_map: str, task: str | None = None) -> str:
-    """The system prompt; with `task` (the task_first layout) the task text comes first."""
+def instructions(repo_map: str, focus: str = "", task: str | None = None) -> str:
+    """The system prompt: the instructions, the repository's map, then the task's focus map; with `task` (the
+    task_first layout) the task text comes first."""
     head = f"Task: {task}\n\n" if task is not None else ""
-    return f"{head}{INSTRUCTIONS}\n\nRepository map (files, classes and signatures; most relevant first):\n{repo_map}"
+    tail = f"\nMost relevant to this task (the files it names first):\n{focus}" if focus else ""
+    return f"{head}{INSTRUCTIONS}\n\nRepository map (files, classes and signatures):\n{repo_map}{tail}"
 
 
-def coding_spec(task: CodingTask, repo_map: str) -> AgentSpec:
-    system = instructions(repo_map, task.task if task.layout == "task_first" else None)
+def prompt_maps(task: CodingTask, *, cache_dir: Path | None = None,
+                count_tokens: TokenCounter = estimate_tokens) -> tuple[RepoMap, RepoMap]:
+    """(the repository's map, the task's focus map), together within `task.map_tokens`.
+
+    The repository's map is ranked without the task, so it is the same for every task on the same files: with the
+    instructions before it, it is a prefix every run on the repository shares in the prefix cache, not only every
+    turn of one run. The focus map, a quarter of the budget, is ranked for the task (the files it names and
+    mentions first) and comes after it; the task itself follows as the run's goal."""
+    focus_budget = task.map_tokens // FOCUS_SHARE
+    shared = build_repo_map(task.repo, "", budget=task.map_tokens - focus_budget, count_tokens=count_tokens,
+                            cache_dir=cache_dir)
+    focus = build_repo_map(task.repo, task.task, budget=focus_budget, count_tokens=count_tokens,
+                           cache_dir=cache_dir)
+    return shared, focus
+
+
+def coding_spec(task: CodingTask, repo_map: str, focus: str = "") -> AgentSpec:
+    system = instructions(repo_map, focus, task.task if task.layout == "task_first" else None)
     return AgentSpec(name=AGENT_NAME, model=task.model, instructions=system, tools=list(TOOL_NAMES),
                      temperature=task.temperature,
                      limits=AgentLimits(max_steps=task.max_steps, max_tokens=task.max_tokens,
@@ -98,8 +119,9 @@ def run_workspace(data_dir: Path, run_id: str) -> Path:
 class CodingRun:
     run_id: str
     agent_id: str
-    repo_map: RepoMap
+    repo_map: RepoMap  # the repository's, shared by every task on it
     workcopy: WorkCopy
+    focus: RepoMap  # the task's
 
 
 def start_coding_run(runtime: AgentRuntime, task: CodingTask, *,
@@ -108,14 +130,13 @@ def start_coding_run(runtime: AgentRuntime, task: CodingTask, *,
     run will have (so no tool can run before it exists), then queue the run."""
     task.check()
     settings = runtime.settings
-    repo_map = build_repo_map(task.repo, task.task, budget=task.map_tokens, count_tokens=count_tokens,
-                              cache_dir=settings.cache_dir / "repo_map")
-    agent = runtime.put_agent(coding_spec(task, repo_map.text))
+    repo_map, focus = prompt_maps(task, cache_dir=settings.cache_dir / "repo_map", count_tokens=count_tokens)
+    agent = runtime.put_agent(coding_spec(task, repo_map.text, focus.text))
     run_id = new_id("run_")
     workcopy = WorkCopy.prepare(run_workspace(settings.data_dir, run_id), task.repo,
                                 TaskOptions(task.allow_test_edits, task.max_iterations, list(task.test_ids)))
     runtime.start_run(agent.id, task.task, run_id=run_id)
-    return CodingRun(run_id, agent.id, repo_map, workcopy)
+    return CodingRun(run_id, agent.id, repo_map, workcopy, focus)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from mainspring.agents.runtime import AgentRuntime
 from mainspring.config import Settings
 from mainspring.models import ToolCall
-from mainspring.scenarios.coding.recipe import CodingTask, coding_outcome, start_coding_run
+from mainspring.scenarios.coding.recipe import CodingTask, coding_outcome, coding_spec, prompt_maps, start_coding_run
 from mainspring.scenarios.coding.tools import coding_tools
 from tests.scenarios.coding.sample_repo import BUGGY_MEAN, FIXED_MEAN, write_repo
 from tests.scripted_model import ScriptedModel
@@ -83,7 +84,8 @@ def test_two_turn_fix_stops_on_green_with_the_diff(tmp_path, sandbox):
     systems = {c["messages"][0]["content"] for c in model.calls}
     assert len(systems) == 1
     system = systems.pop()
-    assert run.repo_map.text in system and run.repo_map.files[0] == "calc/stats.py"
+    assert run.repo_map.text in system and run.focus.files[0] == "calc/stats.py"
+    assert system.index(run.repo_map.text) < system.rindex(run.focus.text)  # the repository's map, then the task's
     assert system.index("calc/stats.py:") < system.index("⋮ def mean(")
     assert all(c["messages"][1]["content"] == "mean() in calc/stats.py is wrong: fix it" for c in model.calls)
 
@@ -126,3 +128,22 @@ def test_bad_tasks_are_refused_before_a_run(tmp_path, bad):
         fields["repo"] = tmp_path / bad["repo"]
     with pytest.raises(ValueError):
         CodingTask(**fields).check()
+
+
+def test_runs_on_one_repository_share_the_instructions_and_the_map(tmp_path):
+    """The prompt prefix every task on a repository has in common: the instructions and the repository's map;
+    the focus map after it follows the task; both maps together stay within the budget (a hard cap)."""
+    repo = write_repo(tmp_path / "repo")
+    a = CodingTask("mean() in calc/stats.py is wrong", repo, map_tokens=120)
+    b = CodingTask("to_cents in calc/units.py rounds wrongly", repo, map_tokens=120)
+    (map_a, focus_a), (map_b, focus_b) = prompt_maps(a), prompt_maps(b)
+    assert map_a.text == map_b.text and focus_a.text != focus_b.text
+    assert focus_a.files[0] == "calc/stats.py" and focus_b.files[0] == "calc/units.py"
+    assert map_a.tokens + focus_a.tokens <= 120 and map_b.tokens + focus_b.tokens <= 120
+    sys_a, sys_b = (coding_spec(t, m.text, f.text).instructions for t, (m, f) in ((a, (map_a, focus_a)),
+                                                                                   (b, (map_b, focus_b))))
+    assert len(os.path.commonprefix([sys_a, sys_b])) >= sys_a.index(map_a.text) + len(map_a.text)
+    # task first: the task's own text is the prompt's start, so two tasks share nothing
+    firsts = [coding_spec(CodingTask(t.task, repo, map_tokens=120, layout="task_first"), m.text, f.text).instructions
+              for t, (m, f) in ((a, (map_a, focus_a)), (b, (map_b, focus_b)))]
+    assert len(os.path.commonprefix(firsts)) < len("Task: ") + 10
