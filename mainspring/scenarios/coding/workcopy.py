@@ -114,6 +114,10 @@ def unified_diff(before: Path, after: Path) -> str:
         fromfile = f"a/{rel}" if rel in left else "/dev/null"
         tofile = f"b/{rel}" if rel in right else "/dev/null"
         chunks.append(f"diff --git a/{rel} b/{rel}\n")
+        if (rel in left) != (rel in right):  # git apply creates or deletes a file only when the header says so
+            path = right[rel] if rel in right else left[rel]
+            mode = "100755" if os.access(path, os.X_OK) else "100644"
+            chunks.append(f"{'new' if rel in right else 'deleted'} file mode {mode}\n")
         for line in difflib.unified_diff(a_lines, b_lines, fromfile, tofile):
             chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(chunks)
