@@ -195,7 +195,9 @@ def test_tool_schema_and_local_messages():
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ]), tools, openai_tool_choice(None, tools), chat_template="{{ messages }}")  # a template without tools
     assert native is None
-    assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("Be brief.\n\n# Tools")
+    # the tools first, then the system text (prompts of runs with other system texts share the tools)
+    assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("# Tools")
+    assert msgs[0]["content"].endswith("\n\nBe brief.")
     assert msgs[1]["content"] == "Weather?"
     assert msgs[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     assert msgs[3]["role"] == "user" and 'name="get_weather"' in msgs[3]["content"]

@@ -74,7 +74,10 @@ def template_messages(messages: list[dict[str, Any]], tools: list[ToolSpec], cho
     if shown:
         section = _tools_section(shown, choice)
         if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{section}"}
+            # the tools before the system text: an agent's tools are fixed while its system prompt often carries
+            # per-run context (a coding run's focus map), so the prompts of different runs share the longer
+            # prefix in the prefix cache
+            out[0] = {"role": "system", "content": f"{section}\n\n{out[0]['content']}"}
         else:
             out.insert(0, {"role": "system", "content": section})
     return out, None
