@@ -171,6 +171,10 @@ def main() -> None:
                   f"{row['second_call']['total_s']:.3f} s (first token {row['second_call']['ttft_s']:.3f} s), "
                   f"cached {row['cached_tokens_p50']}/{row['prompt_tokens_p50']} prompt tokens", file=sys.stderr)
         report["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+    except BaseException:
+        if server is not None and server.log.exists():  # the server's own account of what went wrong
+            print(f"--- server log tail\n{server.log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        raise
     finally:
         if server is not None:
             server.stop()
