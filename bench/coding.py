@@ -1,0 +1,150 @@
+"""The coding minibench through a real server process: the repository map first in the prompt (the product's
+layout) against the task first, with the embedded model, and with an upstream model when one is configured.
+
+Each layout runs `mainspring code bench --layout L --json` against the same server: every task an ordinary
+coding run driven by the server's worker, its diff judged by the hidden-test harness. Reported per layout:
+resolved rate, pass@1, prompt / cached / completion tokens, the prefix-cache hit rate, the input cost (list
+prices of the model's sheet: uncached input + cached input) per task, and wall time per task. The figure of
+merit is the input cost of task-first over map-first: the map and the instructions are the same for every turn
+of a run, so with the map first every turn after the first reads them from the prefix cache; with the task first
+the per-task text comes before them and only the instructions' tokens can be shared across tasks.
+
+    python bench/coding.py                                  # the embedded model, all 15 tasks, both layouts
+    python bench/coding.py --tasks spans-1,moneykit-1
+    python bench/coding.py --upstream-model gpt-4.1-mini    # also a model the server reaches upstream
+                                                            # (MAINSPRING_UPSTREAMS configured in the env)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from http_peers import Server, free_port  # noqa: E402
+from readme_table import write_table  # noqa: E402
+from train import cpu_model  # noqa: E402
+
+LAYOUTS = ("map_first", "task_first")
+
+
+def input_usd(report: dict, prices: dict) -> float:
+    """Uncached prompt tokens at the input price plus cached ones at the cached-input price (per 1M tokens)."""
+    t = report["tokens"]
+    uncached = t["prompt"] - t["cached"]
+    return float((Decimal(uncached) * Decimal(prices["input"]) + Decimal(t["cached"]) * Decimal(
+        prices["cached_input"])) / Decimal(1_000_000))
+
+
+def sheet_prices(model: str) -> dict:
+    """The model's standard-tier input prices on the built-in sheet (zero for a model it does not list)."""
+    from mainspring.billing.prices import PriceError, load_price_sheet
+
+    try:
+        rates = load_price_sheet(None).rates(model, "standard")
+    except PriceError:
+        return {"input": "0", "cached_input": "0"}
+    return {"input": str(rates.input), "cached_input": str(rates.cached_input)}
+
+
+def run_layout(env: dict, model: str, layout: str, tasks: str | None, work: Path, timeout_s: float,
+               max_tokens: int) -> dict:
+    argv = [sys.executable, "-m", "mainspring.cli", "code", "bench", "--model", model, "--layout", layout, "--json",
+            "--trajectories", str(work / f"{model.replace('/', '_')}-{layout}.jsonl"), "--timeout", str(timeout_s),
+            "--max-tokens", str(max_tokens)]
+    if tasks:
+        argv += ["--tasks", tasks]
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"mainspring code bench exited {done.returncode}: {done.stderr[-2000:]}")
+    report = json.loads(done.stdout)
+    report["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    print(done.stderr.strip()[-4000:], file=sys.stderr)
+    return report
+
+
+def summarize(report: dict, prices: dict) -> dict:
+    tasks = max(1, report["attempts"])
+    usd = input_usd(report, prices)
+    return {"resolved": report["resolved"], "attempts": report["attempts"], "resolved_rate": report["resolved_rate"],
+            "pass@1": report["pass@1"], "green": report["green"], "tokens": report["tokens"],
+            "cache_hit_rate": report["cache_hit_rate"], "input_usd_per_task": usd / tasks,
+            "cost_usd": report["cost_usd"], "wall_s_per_task": report["mean_wall_s_per_task"],
+            "stop_reasons": sorted({r["stop_reason"] or r["status"] for r in report["results"]})}
+
+
+def markdown(report: dict) -> str:
+    lines = ["| model | layout | resolved | pass@1 | prompt tokens | cached | hit rate | input $ per task | "
+             "wall s per task |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, by_layout in report["models"].items():
+        for layout, r in by_layout.items():
+            t = r["tokens"]
+            lines.append(f"| {model} | {layout} | {r['resolved']}/{r['attempts']} | {r['pass@1']:.2f} | "
+                         f"{t['prompt']:,} | {t['cached']:,} | {r['cache_hit_rate']:.1%} | "
+                         f"${r['input_usd_per_task']:.7f} | {r['wall_s_per_task']:.1f} |")
+    lines.append("")
+    for model, by_layout in report["models"].items():
+        if all(k in by_layout for k in LAYOUTS) and by_layout["map_first"]["input_usd_per_task"]:
+            ratio = by_layout["task_first"]["input_usd_per_task"] / by_layout["map_first"]["input_usd_per_task"]
+            lines.append(f"- {model}: task-first input costs {ratio:.2f}× map-first's per task")
+    lines.append(f"- {report['cpu']}, {report['threads']} threads, load average {report['loadavg_1m_after']:.2f} "
+                 f"at the end; `{report['command']}`")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default=None, help="comma-separated instance ids (default: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per attempt")
+    ap.add_argument("--max-tokens", type=int, default=256, help="tokens per model call (an edit fits in 256)")
+    ap.add_argument("--upstream-model", default=None, help="also run a model the server reaches upstream")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "coding.json"))
+    ap.add_argument("--update-readme", action="store_true", help="only render the saved results into the docs")
+    args = ap.parse_args()
+    if args.update_readme:
+        write_table("coding", args.out, markdown)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-coding-"))
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MAINSPRING_THREADS=str(args.threads),
+               MAINSPRING_DATA_DIR=str(work / "data"), MAINSPRING_HOST="127.0.0.1", MAINSPRING_PORT=str(port))
+    env.pop("MAINSPRING_DATABASE_URL", None)
+    server = Server("mainspring", [sys.executable, "-m", "mainspring.cli", "serve", "--host", "127.0.0.1"], env,
+                    work / "server.log")
+    report: dict = {"cpu": cpu_model(), "threads": args.threads, "tasks": args.tasks or "all", "models": {},
+                    "command": "python bench/coding.py " + " ".join(sys.argv[1:])}
+    try:
+        server.start(port)
+        import httpx
+
+        embedded = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        for model in [embedded] + ([args.upstream_model] if args.upstream_model else []):
+            prices = sheet_prices(model)
+            report["models"][model] = {}
+            for layout in LAYOUTS:
+                print(f"{model} · {layout} …", file=sys.stderr)
+                raw = run_layout(env, model, layout, args.tasks, work, args.timeout, args.max_tokens)
+                report["models"][model][layout] = summarize(raw, prices)
+        report["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
