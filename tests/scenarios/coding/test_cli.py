@@ -29,21 +29,26 @@ def mainspring(*args: str) -> CliResult:
     return CliResult(r.exit_code, r.stdout, r.stderr)
 
 
-@pytest.fixture
-def fixing_server(tmp_path, monkeypatch):
-    """A server whose agents' model runs the tests, fixes mean() and runs them again; the CLI finds the server
-    and its database through the MAINSPRING_* variables, as a user's would."""
+def serving(tmp_path, monkeypatch, model):
+    """A server whose agents use `model` and the coding tools; the CLI finds the server and its database through
+    the MAINSPRING_* variables, as a user's would."""
     data = tmp_path / "data"
-    model = ScriptedModel([ToolCall("c1", "run_tests", "{}"),
-                           ToolCall("c2", "edit_file", json.dumps({"file": "calc/stats.py", "search": BUGGY_MEAN,
-                                                                   "replace": FIXED_MEAN})),
-                           ToolCall("c3", "run_tests", "{}")])
     tools = {t.name: t for t in coding_tools(Settings(data_dir=data))}
     with agent_server(data, models=lambda name, project=None: model, tools=tools) as s:
         for name, value in (("HOST", "127.0.0.1"), ("PORT", s.url.rsplit(":", 1)[1]), ("DATA_DIR", str(data)),
                             ("DATABASE_URL", f"sqlite:///{data}/db.sqlite")):
             monkeypatch.setenv(f"MAINSPRING_{name}", value)
         yield model
+
+
+@pytest.fixture
+def fixing_server(tmp_path, monkeypatch):
+    """The model runs the tests, fixes mean() and runs them again."""
+    yield from serving(tmp_path, monkeypatch, ScriptedModel([
+        ToolCall("c1", "run_tests", "{}"),
+        ToolCall("c2", "edit_file", json.dumps({"file": "calc/stats.py", "search": BUGGY_MEAN,
+                                                "replace": FIXED_MEAN})),
+        ToolCall("c3", "run_tests", "{}")]))
 
 
 def test_code_runs_until_green_shows_the_steps_and_applies_the_diff(tmp_path, fixing_server):
@@ -101,19 +106,13 @@ def test_a_task_named_like_nothing_else_is_a_run_and_help_lists_the_commands():
 
 @pytest.fixture
 def gold_server(tmp_path, monkeypatch):
-    """A server whose model types in spans-1's gold fix between two test runs."""
-    data = tmp_path / "data"
-    model = ScriptedModel([ToolCall("c1", "run_tests", "{}"),
-                           ToolCall("c2", "edit_file", json.dumps({
-                               "file": "spans/interval.py", "search": "return self.start <= point <= self.end",
-                               "replace": "return self.start <= point < self.end"})),
-                           ToolCall("c3", "run_tests", "{}")])
-    tools = {t.name: t for t in coding_tools(Settings(data_dir=data))}
-    with agent_server(data, models=lambda name, project=None: model, tools=tools) as s:
-        for name, value in (("HOST", "127.0.0.1"), ("PORT", s.url.rsplit(":", 1)[1]), ("DATA_DIR", str(data)),
-                            ("DATABASE_URL", f"sqlite:///{data}/db.sqlite")):
-            monkeypatch.setenv(f"MAINSPRING_{name}", value)
-        yield model
+    """The model types in spans-1's gold fix between two test runs."""
+    yield from serving(tmp_path, monkeypatch, ScriptedModel([
+        ToolCall("c1", "run_tests", "{}"),
+        ToolCall("c2", "edit_file", json.dumps({"file": "spans/interval.py",
+                                                "search": "return self.start <= point <= self.end",
+                                                "replace": "return self.start <= point < self.end"})),
+        ToolCall("c3", "run_tests", "{}")]))
 
 
 def test_code_bench_runs_a_task_through_the_server_and_writes_the_report(tmp_path, gold_server):
