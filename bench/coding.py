@@ -13,6 +13,13 @@ the per-task text comes before them and only the instructions' tokens can be sha
     python bench/coding.py --tasks spans-1,moneykit-1
     python bench/coding.py --upstream-model gpt-4.1-mini    # also a model the server reaches upstream
                                                             # (MAINSPRING_UPSTREAMS configured in the env)
+    python bench/coding.py --replay                         # also the gold trajectories, replayed
+
+`--replay` adds what a model that works in several turns would cost, which the one-turn embedded model cannot
+show: each task's gold fix as a fixed trajectory (run_tests, view_file, one edit_file per hunk of the gold patch,
+run_tests), its tool calls scripted (so every task resolves in both layouts) while every turn's prompt
+is prefilled by the server's engine (max_tokens 1), so the prompt and cached token counts are the engine's own.
+Those runs are driven in this process, on their own database, against the same server.
 """
 
 from __future__ import annotations
@@ -36,6 +43,95 @@ from readme_table import write_table  # noqa: E402
 from train import cpu_model  # noqa: E402
 
 LAYOUTS = ("map_first", "task_first")
+REPLAY = "gold trajectories, replayed"
+
+
+def gold_edits(patch: str) -> list[tuple[str, str, str]]:
+    """(file, search, replace) per hunk of a unified diff: the hunk's old lines and its new lines."""
+    edits: list[tuple[str, str, str]] = []
+    path, old, new = None, [], []
+
+    def flush() -> None:
+        if path is not None and (old or new):
+            edits.append((path, "".join(old), "".join(new)))
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("+++ "):
+            flush()
+            path, old, new = line[4:].strip().removeprefix("b/"), [], []
+        elif line.startswith("@@"):
+            flush()
+            old, new = [], []
+        elif path is not None and line[:1] in (" ", "-", "+") and not line.startswith(("--- ", "diff ")):
+            if line[:1] in (" ", "-"):
+                old.append(line[1:])
+            if line[:1] in (" ", "+"):
+                new.append(line[1:])
+    flush()
+    return edits
+
+
+def replay_calls(instance) -> list:
+    from mainspring.models import ToolCall
+
+    edits = gold_edits(instance.patch)
+    calls = [ToolCall("t0", "run_tests", "{}"),
+             ToolCall("v0", "view_file", json.dumps({"file": edits[0][0], "start": 1}))]
+    calls += [ToolCall(f"e{i}", "edit_file", json.dumps({"file": f, "search": a, "replace": b}))
+              for i, (f, a, b) in enumerate(edits)]
+    return calls + [ToolCall("t1", "run_tests", "{}")]
+
+
+def replay_model(url: str, model: str, instances: list):
+    """A ChatModel whose answers are each task's gold trajectory and whose usage is the server's prefill of the
+    very prompt (scripted answers; real tokens). The task is found by its statement, the turn by the number of
+    assistant turns so far, so a retried call answers the same."""
+    from mainspring.models import ChatModel, Completion
+    from mainspring.models.openai_compatible import OpenAICompatibleModel
+
+    plans = {i.problem_statement: replay_calls(i) for i in instances}
+    upstream = OpenAICompatibleModel(url + "/v1", None, model=model, timeout=300)
+
+    class Replay(ChatModel):
+        async def chat(self, messages, **kwargs):
+            kwargs.update(max_tokens=1, temperature=0.0)
+            measured = await upstream.chat(messages, **kwargs)
+            plan = plans[next(m["content"] for m in messages if m["role"] == "user")]
+            turn = sum(m["role"] == "assistant" for m in messages)
+            if turn >= len(plan):
+                return Completion("done", [], "stop", measured.usage, model)
+            return Completion("", [plan[turn]], "tool_calls", measured.usage, model)
+
+        async def stream(self, messages, **kwargs):
+            raise NotImplementedError("the runtime calls chat")
+
+    return Replay()
+
+
+def run_replay(url: str, model: str, layout: str, tasks: str | None, work: Path) -> dict:
+    """The minibench with the gold trajectories replayed, in this process, on a database of its own."""
+    import asyncio
+
+    from mainspring.agents.runtime import AgentRuntime
+    from mainspring.config import Settings
+    from mainspring.scenarios.coding.instances import load_instances
+    from mainspring.scenarios.coding.minibench import run_minibench
+    from mainspring.scenarios.coding.tools import coding_tools
+
+    instances = load_instances(ids=[t.strip() for t in tasks.split(",")] if tasks else None)
+    settings = Settings(data_dir=work / f"replay-{layout}")
+    runtime = AgentRuntime(settings, models=lambda name, project=None: replay_model(url, model, instances),
+                           tools={t.name: t for t in coding_tools(settings)},
+                           db_url=f"sqlite:///{work / f'replay-{layout}.db'}")
+
+    async def main():
+        await runtime.start()
+        try:
+            return await asyncio.to_thread(run_minibench, runtime, model, tasks=instances, layout=layout,
+                                           max_iterations=3, max_steps=20, timeout_s=600,
+                                           progress=lambda r: print(r.line(), file=sys.stderr))
+        finally:
+            await runtime.stop()
+    return asyncio.run(main()).to_dict()
 
 
 def input_usd(report: dict, prices: dict) -> float:
@@ -110,6 +206,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per attempt")
     ap.add_argument("--max-tokens", type=int, default=256, help="tokens per model call (an edit fits in 256)")
     ap.add_argument("--upstream-model", default=None, help="also run a model the server reaches upstream")
+    ap.add_argument("--replay", action="store_true", help="also the gold trajectories replayed (see above)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "coding.json"))
     ap.add_argument("--update-readme", action="store_true", help="only render the saved results into the docs")
     args = ap.parse_args()
@@ -137,6 +234,13 @@ def main() -> None:
                 print(f"{model} · {layout} …", file=sys.stderr)
                 raw = run_layout(env, model, layout, args.tasks, work, args.timeout, args.max_tokens)
                 report["models"][model][layout] = summarize(raw, prices)
+        if args.replay:
+            prices = sheet_prices(embedded)
+            report["models"][f"{embedded}, {REPLAY}"] = {}
+            for layout in LAYOUTS:
+                print(f"{REPLAY} · {layout} …", file=sys.stderr)
+                raw = run_replay(server.url, embedded, layout, args.tasks, work)
+                report["models"][f"{embedded}, {REPLAY}"][layout] = summarize(raw, prices)
         report["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
     finally:
         server.stop()
