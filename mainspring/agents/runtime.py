@@ -127,7 +127,8 @@ class AgentRuntime:
         """Plans (task graphs of agent runs) as this scope sees them."""
         plans = Plans(self.db, plan_store.ANY if self.scope.operator else self.scope.project_id, self.scope.api_key_id,
                       set(self.tools), wake=self.scheduler_wake, model_exists=self._model_exists,
-                      price=self.worker.env.price, planner=self._planner_model, planner_model=self.settings.model)
+                      price=self.worker.env.price, planner=self._planner_model, planner_model=self.settings.model,
+                      attachments=lambda raw: self.attachments.resolve(self.db, self.scope.project_id, raw))
         plans.cancel_run = self.scheduler.cancel_run  # a deadlock's victim, failed by a person
         return plans
 

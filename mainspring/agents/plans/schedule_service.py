@@ -43,6 +43,9 @@ class Schedules:
         if plan is not None:
             if goal is not None:
                 raise ScheduleError("a plan brings its own goal; `goal` goes with `agent`", param="goal")
+            if plan.attachments:  # checked per fire would need the creating key's rights kept: not built
+                raise ScheduleError("a scheduled plan cannot take attachments yet; attach to a plan created "
+                                    "directly", param="plan.attachments")
             if plan.simple_model is not None and not self.model_exists(plan.simple_model):
                 raise ScheduleError(f"unknown model {plan.simple_model!r}", param="plan.simple_model")
             with session(self.db, readonly=True) as s:

@@ -391,4 +391,4 @@ class PlanScheduler:
         journal.create_run(self.db, agent_id, goal, priority=task.priority, project_id=plan.project_id,
                            api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema,
                            model=route(plan_spec, spec, task.attempt), token_budget=token_budget,
-                           cost_budget_u=cost_budget_u)
+                           cost_budget_u=cost_budget_u, attachments=plan_spec.attachments)

@@ -71,7 +71,10 @@ class Plans:
     def __init__(self, db: str, project: store.ProjectScope, api_key_id: str | None, tools: set[str],
                  wake: Callable[[], None] = lambda: None, model_exists: Callable[[str], bool] = lambda name: True,
                  price: Callable[[str, Usage], int] | None = None,
-                 planner: Callable[[str], ChatModel] | None = None, planner_model: str = "smollm2"):
+                 planner: Callable[[str], ChatModel] | None = None, planner_model: str = "smollm2",
+                 attachments: Callable[[dict], dict[str, str]] | None = None):
+        # raw attachments -> checked server paths for this scope's project (the runtime's AttachmentPolicy)
+        self._attachments = attachments
         self.db, self.project, self.api_key_id, self.tools, self.wake = db, project, api_key_id, tools, wake
         self.model_exists = model_exists
         self.cancel_run: Callable[[str], None] = lambda run_id: None  # the runtime sets its scheduler's
@@ -87,10 +90,20 @@ class Plans:
     def create(self, spec: PlanSpec) -> PlanRow:
         if spec.simple_model is not None and not self.model_exists(spec.simple_model):
             raise PlanError(f"unknown model {spec.simple_model!r}", param="simple_model")
+        if spec.attachments:
+            spec = spec.model_copy(update={"attachments": self._resolved(spec.attachments)})
         row = store.create_plan(self.db, spec, project_id=self._owner_project(), api_key_id=self.api_key_id,
                                 tools=self.tools)
         self.wake()
         return row
+
+    def _resolved(self, raw: dict) -> dict[str, str]:
+        if self._attachments is None:
+            raise PlanError("this plan service cannot check attachments", param="attachments")
+        try:
+            return self._attachments(raw)
+        except JournalError as exc:  # AttachmentRefused: a path outside the allowed roots, another project's file
+            raise PlanError(str(exc), param="attachments") from None
 
     def _planner_of(self, name: str) -> ChatModel:
         try:

@@ -96,6 +96,9 @@ class PlanSpec(BaseModel):
     max_handoffs: int = Field(6, ge=0, le=100, description="handoffs one task may have; one more is a livelock and "
                                                            "fails the task")
     cost_budget_usd: Optional[str] = Field(None, description="list-price USD, e.g. '0.50'")
+    attachments: Optional[dict[str, str | list[str]]] = Field(
+        None, description="what every task's run may read, as a run's attachments: {'docs': folder or file ids, "
+        "'db': path or file id}; checked when the plan is created and stored as the server paths they resolve to")
 
     @field_validator("cost_budget_usd")
     @classmethod

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from mainspring.agents import journal
 from mainspring.agents.plans import leader, store
 from mainspring.agents.plans.scheduler import PlanScheduler
-from mainspring.agents.plans.spec import PlanSpec
+from mainspring.agents.plans.spec import PlanError, PlanSpec
 from mainspring.agents.plans.tables import PlanTaskRow
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.tables import RunRow
@@ -108,6 +108,32 @@ def test_a_three_stage_pipeline_passes_each_artifact_whole(tmp_path, db_url):
         runs = {r.id: r for r in s.scalars(select(RunRow))}
     assert sorted(runs) == sorted(t.run_id for t in tasks)
     assert all(r.status == "succeeded" and r.output_schema_json for r in runs.values())
+
+
+def test_plan_attachments_are_checked_once_and_given_to_every_task_run(tmp_path, db_url):
+    docs, outside = tmp_path / "allowed" / "filings", tmp_path / "elsewhere"
+    docs.mkdir(parents=True)
+    outside.mkdir()
+    rt = make_runtime(tmp_path / "data", db_url, StageModel(), {}, agent_attach_roots=[tmp_path / "allowed"])
+    for name in ("collect", "report"):
+        rt.put_agent(agent(name))
+    tasks = [{"id": "collect", "agent": "collect", "prompt": "collect", "output_schema": OBJ},
+             {"id": "report", "agent": "report", "prompt": "report", "depends_on": ["collect"], "output_schema": OBJ}]
+
+    async def body():
+        row = rt.plans.create(PlanSpec(goal="g", tasks=tasks, attachments={"docs": str(docs)}))
+        return await wait_plan(rt, row.id), rt.plans.tasks(row.id)
+
+    done, rows = drive(rt, body)
+    assert done.status == "succeeded"
+    with session(db_url, readonly=True) as s:
+        runs = {r.id: r for r in s.scalars(select(RunRow))}
+    assert [json.loads(runs[t.run_id].attachments_json) for t in rows] == [{"docs": str(docs.resolve())}] * 2
+    with pytest.raises(PlanError) as refused:  # a folder outside the operator's roots: nothing is stored
+        rt.plans.create(PlanSpec(goal="g", tasks=tasks, attachments={"docs": str(outside)}))
+    assert refused.value.param == "attachments" and refused.value.status == 400
+    with session(db_url, readonly=True) as s:
+        assert len(s.scalars(select(RunRow)).all()) == 2
 
 
 def test_fan_out_over_twenty_items_and_fan_in_in_order(tmp_path, db_url):
