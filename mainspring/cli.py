@@ -243,6 +243,7 @@ def down() -> None:
 
 def _register_subcommands() -> None:
     from mainspring.billing.cli import keys_app, sim, usage
+    from mainspring.store.projects_cli import projects_app
     from mainspring.sandbox.cli import sandbox_app
     from mainspring.agents.cli import audit_app, run_cmd, runs_app
     from mainspring.agents.plans.cli import plan_cmd, plans_app
@@ -256,6 +257,8 @@ def _register_subcommands() -> None:
     from mainspring.scenarios.coding.cli import code_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
+    app.add_typer(projects_app, name="projects", help="projects' data policy: show, set (training, local-only, "
+                                                      "retention), sweep")
     app.command("usage", help="usage and cost by key, project, model, tier or day")(usage)
     app.command("sim", help="replay a trace under prompt-cache policies: cost by scenario, advice")(sim)
     app.add_typer(sandbox_app, name="sandbox", help="run untrusted code isolated: run, check, profiles")

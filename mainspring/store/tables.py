@@ -30,6 +30,10 @@ class Project(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # the project's data policy (mainspring/store/data_policy.py, docs/data-policy.md)
+    training_allowed: Mapped[bool] = mapped_column(Boolean, default=True)  # False: never trained or exported on
+    local_only: Mapped[bool] = mapped_column(Boolean, default=False)  # True: no upstream model gets its data
+    retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: stored data is kept
 
 
 class ApiKey(Base):
