@@ -379,6 +379,7 @@ class RunLoop:
             try:
                 return await asyncio.wait_for(
                     model.chat(messages, tools=tools or None, response_format=response_format,
+                               tool_choice="required" if tools and state.spec.tool_choice == "required" else None,
                                max_tokens=limits.max_tokens, temperature=state.spec.temperature),
                     limits.step_timeout_s)
             except asyncio.TimeoutError:

@@ -41,6 +41,9 @@ class AgentSpec(BaseModel):
     instructions: str = DEFAULT_INSTRUCTIONS
     tools: list[str] = Field(default_factory=list)
     temperature: float = Field(0.0, ge=0, le=2)
+    tool_choice: Literal["auto", "required"] = Field(
+        "auto", description="required: every step offered tools must call one, so the run ends only when a tool "
+        "ends it (or at max_steps' wrap-up); for agents whose every step is a tool's work, such as a verifier")
     limits: AgentLimits = Field(default_factory=AgentLimits)
     output_schema: dict[str, Any] | None = Field(
         None, description="a JSON Schema (2020-12) the final answer must meet; the run's result is then its "
