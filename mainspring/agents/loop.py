@@ -239,7 +239,7 @@ class RunLoop:
                 return ToolResult(f"{exc} (refused, not run)", is_error=True)
         ctx = ToolContext(run_id=self.run_id, call_id=call.id, idempotency_key=call.idempotency_key,
                           workspace=workspace, attachments=attachments,
-                          cancel=self.cancel_event, sandbox=self.env.sandbox)
+                          cancel=self.cancel_event, sandbox=self.env.sandbox, goal=state.run.goal)
         delay = state.spec.limits.retry_backoff_s
         for attempt in range(tool.retries + 1):
             try:

@@ -192,7 +192,7 @@ def test_a_model_that_keeps_failing_fails_the_run_with_the_reason(tmp_path, db_u
     assert (done.status, done.stop_reason) == ("failed", "model_error") and "max_tokens too large" in done.error
 
 
-def test_tool_choice_required_is_asked_on_every_step_that_offers_tools(tmp_path, db_url):
+def test_tool_choice_required_is_asked_on_every_step_that_offers_tools_and_tools_see_the_goal(tmp_path, db_url):
     class Recording(PolicyModel):
         choices: list = []
 
@@ -200,14 +200,22 @@ def test_tool_choice_required_is_asked_on_every_step_that_offers_tools(tmp_path,
             self.choices.append((bool(kwargs.get("tools")), kwargs.get("tool_choice")))
             return await super().chat(messages, **kwargs)
 
-    model = Recording(calls=2)
-    rt = make_runtime(tmp_path, db_url, model, {"count": CountTool(tmp_path / "ledger")})
+    class GoalSeen(CountTool):
+        goals: list = []
+
+        async def call(self, args, ctx):
+            self.goals.append(ctx.goal)
+            return await super().call(args, ctx)
+
+    model, tool = Recording(calls=2), GoalSeen(tmp_path / "ledger")
+    rt = make_runtime(tmp_path, db_url, model, {"count": tool})
     rt.put_agent(spec(name="strict", max_steps=3).model_copy(update={"tool_choice": "required"}))
     rt.put_agent(spec(name="free"))
     strict = rt.start_run("strict", "count")
     done = drive(rt, lambda: wait_status(rt, strict.id, TERMINAL))
     # two tool steps asked for a call; the third is max_steps' wrap-up, which offers no tools and asks none
     assert done.status == "succeeded" and model.choices == [(True, "required"), (True, "required"), (False, None)]
+    assert tool.goals == ["count", "count"]  # each call's context carries its run's goal
     model.choices.clear()
     free = rt.start_run("free", "count")
     drive(rt, lambda: wait_status(rt, free.id, TERMINAL))

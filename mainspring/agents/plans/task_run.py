@@ -1,4 +1,5 @@
-"""What a plan task's run is given: the model it calls (`route`) and its goal (`render_goal`).
+"""What a plan task's run is given: the model it calls (`route`) and its goal (`render_goal`; a tool of the run
+reads the input artifacts back with `goal_artifacts`).
 
 The scheduler creates each task's run from these (scheduler.py); admission reads `route` to know which model a
 run will load before it starts (admission.py).
@@ -6,6 +7,8 @@ run will load before it starts (admission.py).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 from mainspring.agents.plans.spec import PlanSpec, TaskSpec
@@ -38,3 +41,13 @@ def render_goal(spec: TaskSpec, inputs: dict[str, Any]) -> str:
     for key, body in inputs["upstream_json"].items():
         parts.append(f'<artifact task="{key}" sha256="{inputs["hashes"][key]}">\n{body}\n</artifact>')
     return "\n\n".join(parts)
+
+
+ARTIFACT_BLOCK = re.compile(r'<artifact task="([^"]+)" sha256="([0-9a-f]{64})">\n(.*?)\n</artifact>', re.S)
+
+
+def goal_artifacts(goal: str) -> dict[str, str]:
+    """The input artifacts in a task run's goal, by task: the JSON text of each block whose bytes still hash to
+    the sha256 it was given with (a block that does not is left out, so a tool never trusts edited input)."""
+    return {task: body for task, digest, body in ARTIFACT_BLOCK.findall(goal)
+            if hashlib.sha256(body.encode()).hexdigest() == digest}

@@ -54,6 +54,7 @@ class ToolContext:
     attachments: dict[str, str] = field(default_factory=dict)  # e.g. {"docs": "/path/folder", "db": "/path/x.db"}
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the run is cancelled
     sandbox: Any = None  # mainspring.sandbox.Sandbox, when code tools need one
+    goal: str = ""  # the run's goal as the model got it (a plan task's: its prompt and input artifacts)
 
 
 @runtime_checkable
