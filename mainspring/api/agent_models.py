@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from mainspring.agents.journal import JournalError
 from mainspring.api.finetuned import FineTunedModel, FineTunedModels
+from mainspring.api.project_policy import local_only_error, read_policy
 from mainspring.api.upstream import Upstreams
 from mainspring.engine.loader import EMBEDDED_MODEL
 from mainspring.models import ChatModel, Completion, CompletionChunk, LocalModel, OpenAICompatibleModel
@@ -31,6 +32,8 @@ class AppModels:
     upstreams: Upstreams
     finetuned: FineTunedModels | None
     configured_model: str  # Settings.model
+    # the server's database, for the project's data policy; None: the fine-tuned registry's (the same database)
+    policy_db: Any = None
     _cache: dict[str, ChatModel] = field(default_factory=dict, repr=False)
 
     def local_names(self) -> set[str]:
@@ -51,7 +54,18 @@ class AppModels:
         """One name for every alias of the embedded engine, so admission counts its runs together."""
         return self.engine.engine.name if self.engine is not None and self._on_engine(name) else name
 
+    def _refuse_if_local_only(self, name: str, project_id: int | None) -> None:
+        """A local-only project's data never goes to an upstream (store/data_policy.py). Checked on every
+        resolution, not only when a run is created: a policy set while a run waits or runs stops its next step."""
+        db = self.policy_db if self.policy_db is not None else getattr(self.finetuned, "db", None)
+        if project_id is None or db is None:
+            return
+        if read_policy(db, project_id).local_only:
+            raise JournalError(local_only_error(name).message, status=403)
+
     def __call__(self, name: str, project_id: int | None = None) -> ChatModel:
+        if self.upstreams.get(name) is not None:  # one primary-key read, only for an upstream model
+            self._refuse_if_local_only(name, project_id)
         if name in self._cache:
             return self._cache[name]
         route = self.upstreams.get(name)

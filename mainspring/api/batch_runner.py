@@ -46,6 +46,7 @@ from mainspring.agents.plans import leader
 from mainspring.api.batch_lines import (BatchInputError, Journal, Line, Plan, is_success, plan_batch,
                                         response_record, split_results, writer)
 from mainspring.api.errors import APIError, error_body
+from mainspring.api.retention_task import RetentionTask
 from mainspring.api.route_call import call_route
 from mainspring.api.routes.files import content_path, store_file
 from mainspring.billing import budgets, ledger
@@ -137,6 +138,7 @@ class BatchRunner:
                  poll_s: float = POLL_S) -> None:
         self.app, self.priority, self.poll_s = app, priority, poll_s
         self.db = app.state.economics.db
+        self.retention: RetentionTask | None = None
         self.settings = app.state.settings
         self._slots = asyncio.Semaphore(max_in_flight)  # shared by all batches: one engine
         self._wake = asyncio.Event()
@@ -147,9 +149,14 @@ class BatchRunner:
 
     async def start(self) -> None:
         self._main = asyncio.create_task(self._loop(), name="batch-runner")
+        # the projects' retention (api/retention_task.py) shares this housekeeping start and stop
+        self.retention = RetentionTask(self.db, self.app.state.settings.data_dir)
+        self.retention.start()
 
     async def stop(self) -> None:
         """Stops every batch where it stands (in-flight lines aborted, unbilled); they resume on the next start."""
+        if self.retention is not None:
+            await self.retention.stop()
         tasks = [t for t in [self._main, *(j.task for j in self._jobs.values())] if t is not None]
         for t in tasks:
             t.cancel()

@@ -37,7 +37,7 @@ from fastapi.responses import Response
 from httpx_sse import EventSource
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mainspring.api import hooks
+from mainspring.api import hooks, project_policy
 from mainspring.api.errors import APIError, error_body
 from mainspring.api.routes import new_id
 from mainspring.api.sse import DONE, EventStreamResponse, sse_data
@@ -293,6 +293,7 @@ async def proxy(request: Request, body: Any, endpoint: str) -> Response:
     """Serve `body` (a request model the route validated) from the upstream that serves `body.model`."""
     route = upstreams_of(request).get(body.model)
     assert route is not None, "proxy() is only called for upstream models (see serves())"
+    await project_policy.refuse_if_local_only(request, body.model)  # before anything is reserved or forwarded
     up = route.upstream
     # What the client sent: only the fields it set (no defaults of ours), its extra fields included.
     # Not the raw body: batch lines call the route in-process, with no body to read.

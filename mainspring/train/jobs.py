@@ -32,6 +32,7 @@ from sqlalchemy import case, select
 from sqlalchemy.engine import Engine
 
 from mainspring.config import Settings
+from mainspring.store.data_policy import get_policy
 from mainspring.store.db import session
 from mainspring.store.tables import FileRow, FineTuningJobRow
 from mainspring.train import job_store
@@ -125,6 +126,10 @@ class FineTuningRunner:
         row = job_store.load(self.db, job_id)
         if row is None or row.status not in job_store.PENDING:
             return
+        if not self._training_allowed(row):  # the API refuses such a job; a policy set after creation stops it here
+            job_store.fail(self.db, job_id, "training_not_allowed", "the project's data policy forbids training on "
+                           "its data (mainspring projects set <project> --training allows it)")
+            return
         if row.attempts >= MAX_ATTEMPTS:
             job_store.fail(self.db, job_id, "too_many_restarts",
                            f"the job was interrupted {row.attempts} times without finishing")
@@ -165,6 +170,10 @@ class FineTuningRunner:
             job_store.fail(self.db, job_id, "training_failed", f"{type(exc).__name__}: {exc}")
             return
         self._finish(job_id, result, events)
+
+    def _training_allowed(self, row: FineTuningJobRow) -> bool:
+        with session(self.db, readonly=True) as s:
+            return get_policy(s, row.project_id).training_allowed
 
     def _start_note(self, row: FineTuningJobRow, resume: bool) -> str:
         if not resume:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 
 from mainspring.api.errors import APIError, bad_request
+from mainspring.api.project_policy import policy_of, training_refusal
 from mainspring.api.routes import fine_tuning_control
 from mainspring.api.routes.files import content_path, get_owned
 from mainspring.api.routes.fine_tuning_objects import (checkpoint_object, db, event_object, get_owned as get_job,
@@ -145,6 +146,8 @@ def _samples(request: Request, principal: Any, body: CreateJob) -> tuple[int, in
 
 @router.post("/v1/fine_tuning/jobs")
 async def create_job(body: CreateJob, request: Request) -> dict:
+    if not (await policy_of(request)).training_allowed:  # first: a no-training project's files are not even read
+        raise training_refusal()
     grader, hp = _method(body)
     if body.suffix is not None and not SUFFIX.match(body.suffix):
         raise bad_request("suffix is 1-64 characters of letters, digits, - and _", param="suffix")

@@ -9,7 +9,8 @@ refusals (a small phrase detector), the length distribution with the share cut b
   describes the lines); the input file, when given, supplies each request's `response_format`.
 - `records_from_agent_runs(db)`: the agent journal's completed model steps. The agents are a layer
   above train, so this reads their `steps` table by name through SQLAlchemy Core (reflected, read
-  only) instead of importing their code.
+  only) instead of importing their code. A project whose data policy says never-for-training is
+  refused when named and left out otherwise (store/data_policy.py).
 """
 
 from __future__ import annotations
@@ -235,6 +236,43 @@ def _jsonl(path: Path) -> list[Any]:
     return rows
 
 
+def _runs_and_projects(engine: Any) -> tuple[Any, Any]:
+    import sqlalchemy as sa
+
+    try:
+        runs = sa.Table("runs", sa.MetaData(), autoload_with=engine, resolve_fks=False)
+        projects = sa.Table("projects", sa.MetaData(), autoload_with=engine)
+    except sa.exc.NoSuchTableError:
+        return None, None
+    return runs, projects
+
+
+def _without_no_training_projects(engine: Any, q: Any, steps: Any, runs: Any, projects: Any,
+                                  run_ids: Sequence[str] | None, project: str | None) -> Any:
+    """The project data policy (store/data_policy.py; read by name, like the journal): a project whose data is
+    never for training is refused when named (by project or by one of its runs), and its runs are left out of
+    every other read. What this loader returns is what an export of served outputs contains."""
+    import sqlalchemy as sa
+
+    if runs is None or projects is None or "training_allowed" not in projects.c:
+        return q
+    with engine.connect() as conn:
+        barred = dict(conn.execute(sa.select(projects.c.id, projects.c.name)
+                                   .where(projects.c.training_allowed == sa.false())).all())
+        if not barred:
+            return q
+        if project is not None and project in barred.values():
+            raise ValueError(f"project {project!r} has a data policy that its data is never used for training: "
+                             "its outputs are not exported (mainspring projects set <project> --training allows it)")
+        if run_ids is not None:
+            named = conn.execute(sa.select(runs.c.id, runs.c.project_id)
+                                 .where(runs.c.id.in_(list(run_ids)), runs.c.project_id.in_(list(barred)))).first()
+            if named is not None:
+                raise ValueError(f"run {named[0]} belongs to project {barred[named[1]]!r}, whose data is never used "
+                                 "for training: its outputs are not exported")
+    return q.where(steps.c.run_id.not_in(sa.select(runs.c.id).where(runs.c.project_id.in_(list(barred)))))
+
+
 def records_from_agent_runs(db: Any, *, run_ids: Sequence[str] | None = None, project: str | None = None,
                             limit: int | None = None) -> list[OutputRecord]:
     """Records of the agent journal's model steps (`db`: a SQLAlchemy Engine or URL), oldest first:
@@ -256,17 +294,16 @@ def records_from_agent_runs(db: Any, *, run_ids: Sequence[str] | None = None, pr
         q = sa.select(steps.c.id, steps.c.status, steps.c.output_json).where(steps.c.kind == "model")
         if run_ids is not None:
             q = q.where(steps.c.run_id.in_(list(run_ids)))
+        runs, projects = _runs_and_projects(engine)
         if project is not None:
-            try:
-                runs = sa.Table("runs", sa.MetaData(), autoload_with=engine, resolve_fks=False)
-                projects = sa.Table("projects", sa.MetaData(), autoload_with=engine)
-            except sa.exc.NoSuchTableError as exc:
-                raise ValueError(f"no `{exc}` table: this database has no projects") from None
+            if runs is None or projects is None:
+                raise ValueError("no `runs` or `projects` table: this database has no projects")
             with engine.connect() as conn:
                 pid = conn.execute(sa.select(projects.c.id).where(projects.c.name == project)).scalar()
             if pid is None:
                 raise ValueError(f"no project named {project!r} in this database")
             q = q.where(steps.c.run_id.in_(sa.select(runs.c.id).where(runs.c.project_id == pid)))
+        q = _without_no_training_projects(engine, q, steps, runs, projects, run_ids, project)
         q = q.order_by(steps.c.started_at, steps.c.seq)
         if limit is not None:
             q = q.limit(limit)
