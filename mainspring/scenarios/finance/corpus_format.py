@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-CORPUS_VERSION = "finance-corpus/1"
+CORPUS_VERSION: Literal["finance-corpus/1"] = "finance-corpus/1"
 PAGE_BREAK = "<!-- page-break -->"
 
 Form = Literal["10-K", "10-Q", "10-K/A", "8-K"]  # 8-K: the quarter's earnings release (exhibit 99.1)
