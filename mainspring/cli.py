@@ -255,6 +255,7 @@ def _register_subcommands() -> None:
     from mainspring.train.inspect.cli import inspect_cmd, inspect_outputs_cmd
     from mainspring.scenarios.coding.review_cli import review_cmd
     from mainspring.scenarios.coding.cli import code_app
+    from mainspring.scenarios.finance.cli import finance_app
 
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke")
     app.add_typer(projects_app, name="projects", help="projects' data policy: show, set (training, local-only, "
@@ -276,6 +277,7 @@ def _register_subcommands() -> None:
                                                         "resolve; and who waits for whom (waits)")
     app.add_typer(code_app, name="code", help='the coding agent: mainspring code "task" [--repo PATH] edits and '
                                               "tests in the sandbox until green, then prints the diff; bench; diff")
+    app.add_typer(finance_app, name="finance", help="financial research: generate the corpus, …")
     app.command("review", help="review comments on a diff (a file, - for stdin, or --staged): file:line: comment, "
                                "or JSON")(review_cmd)
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")

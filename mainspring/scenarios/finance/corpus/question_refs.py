@@ -37,6 +37,8 @@ class Ref:
 
 def ref(cd: CompanyData, concept: str, label: str, accn: str | None = None) -> Ref | None:
     """The fact `concept` for `label` as of the latest filing (accn None) or as filing `accn` printed it."""
+    if is_instant(concept) and label.endswith("Q4"):
+        label = label[:6]  # a balance at the fourth quarter's end is the fiscal year's: FY2023Q4 -> FY2023
     p = cd.view.period(label, is_instant(concept))
     key = (qualified(concept), unit_of(concept), p.start, p.end)
     reports = cd.index.reports(key)
