@@ -4,8 +4,9 @@
   `local_only_project`) for an upstream model. 403 rather than 400: the request is well-formed and would be served
   for another project; this project is not permitted to send it there, and no retry or edit of the body changes
   that (the openai SDK raises PermissionDeniedError and does not retry). Checked in upstream.proxy() (chat and
-  completions, the only routes that relay to an upstream), at agent run and plan creation, and again by the agent
-  runtime when a run resolves its model (agent_models.AppModels).
+  completions, the only routes that relay to an upstream, batch lines included: they call those routes), at agent
+  run and plan creation and run resume (routes/agent_policy.py), and again by the agent runtime whenever a run
+  resolves its model (agent_models.AppModels). GET /v1/models leaves upstream models out for such a project.
 * never-for-training: fine-tuning job creation is refused with 403 (code `training_not_allowed`).
 """
 

@@ -213,3 +213,32 @@ def test_the_server_runs_the_retention_sweeper(stack):
     asyncio.run(task.run_once())  # (its own hourly pass would do the same, only later)
     with session(app.state.economics.db, readonly=True) as s:
         assert s.get(ResponseRow, "resp_swept") is None and s.get(ResponseRow, "resp_kept") is not None
+
+
+def test_a_local_only_project_sees_no_upstream_model_in_the_list(stack):
+    srv, fake, app = stack
+    sealed, _ = _key(app, "sealed_models", local_only=True)
+    other, _ = _key(app, "open_models")
+    assert "remote-chat" not in {m.id for m in oai(srv, sealed).models.list()}
+    assert "SmolLM2-135M-Instruct" in {m.id for m in oai(srv, sealed).models.list()}
+    with pytest.raises(openai.PermissionDeniedError):
+        oai(srv, sealed).models.retrieve("remote-chat")
+    assert "remote-chat" in {m.id for m in oai(srv, other).models.list()}
+    assert oai(srv, other).models.retrieve("remote-chat").owned_by == "fake"
+
+
+def test_resuming_a_run_on_an_upstream_model_is_refused_once_the_project_is_local_only(stack):
+    srv, fake, app = stack
+    secret, pid = _key(app, "sealed_resume")
+    with http(srv, secret) as c:
+        for name, model in (("remote", "remote-chat"), ("local", "SmolLM2-135M-Instruct")):
+            r = c.post("/v1/agents", json={"name": name, "model": model, "instructions": "Test."})
+            assert r.status_code == 201, r.text
+        remote = c.post("/v1/runs", json={"agent": "remote", "goal": "hi"}).json()["id"]
+        local = c.post("/v1/runs", json={"agent": "local", "goal": "hi"}).json()["id"]
+        assert c.post(f"/v1/runs/{remote}/resume").status_code != 403  # allowed so far (a queued run: 409)
+        with session(app.state.economics.db) as s:
+            set_policy(s, pid, local_only=True)
+        _is_local_only_refusal(c.post(f"/v1/runs/{remote}/resume"))
+        assert c.post(f"/v1/runs/{local}/resume").status_code != 403
+        assert c.post("/v1/runs/run_nope/resume").status_code == 404  # the action's own answer

@@ -23,9 +23,8 @@ from mainspring.agents.runtime import AgentRuntime
 from mainspring.agents.spec import AgentSpec
 from mainspring.agents.status import InterruptStatus, RunStatus
 from mainspring.agents.tables import AgentRow, InterruptRow, RunRow
-from mainspring.api import upstream
 from mainspring.api.errors import APIError
-from mainspring.api.project_policy import refuse_if_local_only
+from mainspring.api.routes.agent_policy import refuse_resuming_upstream_run, refuse_upstream_agents
 from mainspring.billing.prices import MICRO, usd_to_micro
 
 router = APIRouter()
@@ -56,22 +55,6 @@ async def read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise api_error(exc) from None
 
 
-
-
-async def refuse_upstream_agents(request: Request, agents: Sequence[str], param: str | None = None) -> None:
-    """403 at creation when the caller's project is local-only and one of `agents` runs on an upstream model
-    (api/project_policy.py); the runtime checks again whenever a run resolves its model. Unknown agents are
-    left to the runtime's own 404."""
-    models = set()
-    for name in agents:
-        try:
-            row = await asyncio.to_thread(runtime(request).agent, name)
-        except JournalError:
-            continue
-        models.add(AgentSpec.model_validate_json(row.spec_json).model)
-    for model in sorted(models):
-        if upstream.serves(request, model):
-            await refuse_if_local_only(request, model, param)
 
 
 def actor(request: Request, claimed: str | None = None) -> str:
@@ -292,7 +275,7 @@ class CreateRun(BaseModel):
 @router.post("/v1/runs", status_code=201)
 async def create_run(body: CreateRun, request: Request) -> RunObject:
     attachments = {k: v for k, v in (body.attachments.model_dump() if body.attachments else {}).items() if v}
-    await refuse_upstream_agents(request, [body.agent], param="agent")
+    await refuse_upstream_agents(request, runtime(request), [body.agent], param="agent")  # agent_policy.py
     run = await read(runtime(request).start_run, body.agent, body.goal, thread_id=body.thread_id,
                   priority=body.priority, token_budget=body.token_budget,
                   cost_budget_u=cost_u(body.cost_budget_usd, "cost_budget_usd"), attachments=attachments)
@@ -348,6 +331,7 @@ async def interrupt_run(run_id: str, request: Request, body: Act | None = None) 
 
 @router.post("/v1/runs/{run_id}/resume")
 async def resume_run(run_id: str, request: Request, body: Act | None = None) -> RunObject:
+    await refuse_resuming_upstream_run(request, runtime(request), run_id)  # the project may have gone local-only
     return await _act(request, run_id, "resume", body)
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from mainspring.api import upstream
 from mainspring.api.errors import APIError
 from mainspring.api.finetuned import FineTunedModel, FineTunedModels
+from mainspring.api.project_policy import policy_of, refuse_if_local_only
 from mainspring.engine.async_engine import AsyncLLMEngine
 from mainspring.engine.loader import EMBEDDED_MODEL
 
@@ -124,17 +125,24 @@ async def _ft_cards(request: Request) -> list[dict]:
     return [_ft_card(m) for m in await asyncio.to_thread(registry.visible, request.state.principal)]
 
 
+async def _upstream_cards(request: Request) -> list[dict]:
+    """The upstream models' cards, none for a local-only project (api/project_policy.py): it may not use them."""
+    cards = upstream.model_cards(request, int(request.app.state.started))
+    return [] if cards and (await policy_of(request)).local_only else cards
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     created = int(request.app.state.started)
     return {"object": "list", "data": [_card(m, created) for m in served_models(request)]
-            + await _ft_cards(request) + upstream.model_cards(request, created)}
+            + await _ft_cards(request) + await _upstream_cards(request)}
 
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request) -> dict:
     for card in upstream.model_cards(request, int(request.app.state.started)):
         if card["id"] == model_id:
+            await refuse_if_local_only(request, model_id)  # the same answer as a request to it would get
             return card
     if model_id not in base_models(request):
         ft = await find_finetuned(request, model_id)

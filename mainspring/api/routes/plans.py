@@ -27,11 +27,9 @@ from mainspring.agents.plans.planner import MAX_TASKS
 from mainspring.agents.plans.spec import PLAN_PRIORITY, PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.store import load_spec
 from mainspring.agents.plans.tables import PLAN_TERMINAL, PlanEventRow, PlanRow, PlanTaskRow
-from mainspring.api import upstream
 from mainspring.api.errors import APIError
-from mainspring.api.project_policy import refuse_if_local_only
-from mainspring.api.routes.agents import (MAX_INT, actor, cost_field, cost_u, page, refuse_upstream_agents, runtime,
-                                          ts, usd)
+from mainspring.api.routes.agent_policy import refuse_upstream_agents, refuse_upstream_model
+from mainspring.api.routes.agents import MAX_INT, actor, cost_field, cost_u, page, runtime, ts, usd
 from mainspring.api.routes.runs import PING_S, resume_point
 from mainspring.api.sse import EventStreamResponse
 
@@ -176,12 +174,10 @@ async def create_plan(body: CreateBody, request: Request) -> PlanObject:
     # a local-only project's plan may not name an upstream model (api/project_policy.py); the runtime checks
     # again when each task's run, or the planner, resolves its model
     if isinstance(body, PlanFromGoal):
-        if body.planner_model and upstream.serves(request, body.planner_model):
-            await refuse_if_local_only(request, body.planner_model, "planner_model")
+        await refuse_upstream_model(request, body.planner_model, "planner_model")
     else:
-        if body.simple_model and upstream.serves(request, body.simple_model):
-            await refuse_if_local_only(request, body.simple_model, "simple_model")
-        await refuse_upstream_agents(request, sorted({t.agent for t in body.tasks}), "tasks")
+        await refuse_upstream_model(request, body.simple_model, "simple_model")
+        await refuse_upstream_agents(request, runtime(request), sorted({t.agent for t in body.tasks}), "tasks")
     if isinstance(body, PlanFromGoal):
         try:  # the planner's model call is awaited (the engine steps on its compute thread), its SQL in threads
             row = await plans.create_from_goal(body.goal, planner_model=body.planner_model, max_tasks=body.max_tasks,
