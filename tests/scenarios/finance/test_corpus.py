@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from mainspring.scenarios.finance.cli import finance_app
 from mainspring.scenarios.finance.corpus import generate_corpus, load_facts, load_manifest, load_questions
-from mainspring.scenarios.finance.corpus.calendar import period_of
+from mainspring.scenarios.finance.corpus.fiscal_calendar import period_of
 from mainspring.scenarios.finance.corpus.statements import INSTANTS
 from mainspring.scenarios.finance.corpus_format import PAGE_BREAK, FactRef, Manifest, Question
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mainspring.scenarios.finance.corpus.calendar import Period
+from mainspring.scenarios.finance.corpus.fiscal_calendar import Period
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from datetime import date
 from typing import Any
 
 from mainspring.scenarios.finance.corpus.builders import BALANCE, CASH, INCOME
-from mainspring.scenarios.finance.corpus.calendar import Period, calendar_frame
+from mainspring.scenarios.finance.corpus.fiscal_calendar import Period, calendar_frame
 from mainspring.scenarios.finance.corpus.document import Document, PrintedFact
 from mainspring.scenarios.finance.corpus.schedule import PlannedFiling
 

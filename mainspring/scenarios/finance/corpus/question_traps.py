@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mainspring.scenarios.finance.corpus.builders import long_date
+from mainspring.scenarios.finance.corpus.program_eval import run_program as evaluate
 from mainspring.scenarios.finance.corpus.question_refs import ref
 from mainspring.scenarios.finance.corpus.wording import METRIC, period_words
 
@@ -30,7 +31,6 @@ class TrapMaker:
         return next(f.accn for f in cd.filings if f.form == form and f.fy == fy)
 
     def restatement(self) -> None:
-        from mainspring.scenarios.finance.corpus.questions import evaluate
         cd = self.with_trait("restates")
         fy = cd.spec.restates
         assert fy is not None
@@ -113,7 +113,6 @@ class TrapMaker:
                    r.val, "USD", trap="scale")
 
     def fiscal_year(self) -> None:
-        from mainspring.scenarios.finance.corpus.questions import evaluate
         cd = self.with_trait("fiscal_year_end")
         if self.rng.random() < 0.6:
             label = f"FY{self.rng.choice((2022, 2023, 2024))}Q{self.rng.randint(1, 4)}"
@@ -138,7 +137,6 @@ class TrapMaker:
                    evaluate(program, [r.val for r in found]), "USD", trap="fiscal_year")
 
     def non_gaap(self) -> None:
-        from mainspring.scenarios.finance.corpus.questions import evaluate
         cd = self.rng.choice(self.m.data)
         label = f"FY{self.rng.choice((2022, 2023, 2024))}Q{self.rng.randint(1, 3)}"
         if self.rng.random() < 0.5:

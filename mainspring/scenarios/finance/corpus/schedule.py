@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, timedelta
 
-from mainspring.scenarios.finance.corpus.calendar import quarter_end
+from mainspring.scenarios.finance.corpus.fiscal_calendar import quarter_end
 from mainspring.scenarios.finance.corpus.companies import FISCAL_YEARS, CompanySpec, quarter_index
 
 

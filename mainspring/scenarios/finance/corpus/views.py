@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
-from mainspring.scenarios.finance.corpus.calendar import Period, period_of
+from mainspring.scenarios.finance.corpus.fiscal_calendar import Period, period_of
 from mainspring.scenarios.finance.corpus.companies import CompanySpec, quarter_index
 from mainspring.scenarios.finance.corpus.statements import Ledger
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mainspring.scenarios.finance.corpus.builders import long_date
-from mainspring.scenarios.finance.corpus.calendar import period_of
+from mainspring.scenarios.finance.corpus.fiscal_calendar import period_of
 
 METRIC = {
     "Revenues": "revenue", "CostOfRevenue": "cost of revenue", "GrossProfit": "gross profit",
