@@ -65,8 +65,13 @@ class NumberMention:
 
     def matches(self, value: float) -> bool:
         """Does `value` (whole units; a ratio for a percent) round to what was printed? A printed positive also
-        matches a negative value of the same size ("a net loss of $3.2 million")."""
-        shown = value / self.scale
+        matches a negative value of the same size ("a net loss of $3.2 million"). A percent matches a ratio
+        (0.124 for "12.4%") or a value already in percent points (12.4: a program ending in multiply(…, 100))."""
+        if self.percent and self._close(value):
+            return True
+        return self._close(value / self.scale)
+
+    def _close(self, shown: float) -> bool:
         half = 0.5 * 10 ** -self.decimals + 1e-9 * max(1.0, abs(shown))
         if abs(shown - self.number) <= half:
             return True
