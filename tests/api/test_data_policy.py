@@ -1,5 +1,6 @@
 """Project data policy at the API (api/project_policy.py): a local-only project's key is refused an upstream model
-(chat, completions, agent runs and plans; the agents' model resolver again later), a no-training project's key is
+(chat, completions, agent runs, plans, schedules and resumes; the agents' model resolver again later; the models
+list leaves them out), a no-training project's key is
 refused fine-tuning jobs, and the retention sweeper runs in the server. A real server, the openai SDK in front, a
 loopback fake upstream behind."""
 
@@ -162,6 +163,12 @@ def test_agent_runs_and_plans_naming_an_upstream_model_are_refused_at_creation(s
                                "planner_model")
         _is_local_only_refusal(c.post("/v1/plans", json={"goal": "g", "tasks": [
             {"id": "a", "agent": "remote", "prompt": "hi"}]}), "tasks")
+        # schedules of either (a fire's runs would reach the upstream later)
+        cron = {"name": "nightly", "cron": "0 3 * * *"}
+        _is_local_only_refusal(c.post("/v1/schedules", json={**cron, "agent": "remote", "goal": "hi"}), "agent")
+        _is_local_only_refusal(c.post("/v1/schedules", json={**cron, "plan": {"goal": "g", "tasks": [
+            {"id": "a", "agent": "remote", "prompt": "hi"}]}}), "plan")
+        assert c.post("/v1/schedules", json={**cron, "agent": "local", "goal": "hi"}).status_code == 201
 
 
 def test_the_agents_model_resolver_checks_the_policy_on_every_resolution(stack):

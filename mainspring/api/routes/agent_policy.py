@@ -1,5 +1,5 @@
-"""Local-only refusals of the agent routes (api/project_policy.py): a local-only project may not create a run or a
-plan that names an upstream model, nor resume a run that would go to one.
+"""Local-only refusals of the agent routes (api/project_policy.py): a local-only project may not create a run, a
+plan or a schedule (of either) that names an upstream model, nor resume a run that would go to one.
 
 These are the early, explicit 403s a client sees at the call it made. The agent runtime's model resolver
 (api/agent_models.AppModels) checks the same policy again on every step, so a run that was queued or running
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from fastapi import Request
 
 from mainspring.agents.journal import JournalError, agent_spec
+from mainspring.agents.plans.spec import PlanSpec
 from mainspring.agents.runtime import AgentRuntime
 from mainspring.agents.spec import AgentSpec
 from mainspring.api import upstream
@@ -42,6 +43,14 @@ async def refuse_upstream_agents(request: Request, rt: AgentRuntime, agents: Seq
     models = {await asyncio.to_thread(_agent_model, rt, name) for name in agents}
     for model in sorted(m for m in models if m):
         await refuse_upstream_model(request, model, param)
+
+
+async def refuse_upstream_plan(request: Request, rt: AgentRuntime, plan: PlanSpec,
+                               param: str | None = None) -> None:
+    """403 when the caller's project is local-only and `plan` routes tasks to an upstream model (its
+    `simple_model`, or a task's agent); `param` names the field, else `simple_model` or `tasks`."""
+    await refuse_upstream_model(request, plan.simple_model, param or "simple_model")
+    await refuse_upstream_agents(request, rt, sorted({t.agent for t in plan.tasks}), param or "tasks")
 
 
 def _run_model(rt: AgentRuntime, run_id: str) -> tuple[str | None, int | None]:

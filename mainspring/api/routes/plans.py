@@ -28,7 +28,7 @@ from mainspring.agents.plans.spec import PLAN_PRIORITY, PlanError, PlanSpec, Tas
 from mainspring.agents.plans.store import load_spec
 from mainspring.agents.plans.tables import PLAN_TERMINAL, PlanEventRow, PlanRow, PlanTaskRow
 from mainspring.api.errors import APIError
-from mainspring.api.routes.agent_policy import refuse_upstream_agents, refuse_upstream_model
+from mainspring.api.routes.agent_policy import refuse_upstream_model, refuse_upstream_plan
 from mainspring.api.routes.agents import MAX_INT, actor, cost_field, cost_u, page, runtime, ts, usd
 from mainspring.api.routes.runs import PING_S, resume_point
 from mainspring.api.sse import EventStreamResponse
@@ -176,8 +176,7 @@ async def create_plan(body: CreateBody, request: Request) -> PlanObject:
     if isinstance(body, PlanFromGoal):
         await refuse_upstream_model(request, body.planner_model, "planner_model")
     else:
-        await refuse_upstream_model(request, body.simple_model, "simple_model")
-        await refuse_upstream_agents(request, runtime(request), sorted({t.agent for t in body.tasks}), "tasks")
+        await refuse_upstream_plan(request, runtime(request), body)
     if isinstance(body, PlanFromGoal):
         try:  # the planner's model call is awaited (the engine steps on its compute thread), its SQL in threads
             row = await plans.create_from_goal(body.goal, planner_model=body.planner_model, max_tasks=body.max_tasks,

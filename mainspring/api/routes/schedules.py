@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mainspring.agents.plans.schedule_tables import ScheduleFireRow, ScheduleRow
 from mainspring.agents.plans.spec import PlanError, PlanSpec
 from mainspring.api.errors import APIError
+from mainspring.api.routes.agent_policy import refuse_upstream_agents, refuse_upstream_plan
 from mainspring.api.routes.agents import page, runtime, ts
 from mainspring.api.routes.plans import call, plan_error
 
@@ -88,6 +89,12 @@ def schedule_object(row: ScheduleRow, *, secret: str | None = None,
 
 @router.post("/v1/schedules", response_model=ScheduleObject, status_code=201)
 async def create_schedule(body: ScheduleBody, request: Request) -> ScheduleObject:
+    # a local-only project's schedule may not start work on an upstream model (routes/agent_policy.py); each fire's
+    # runs are checked again when they resolve their models
+    if body.plan is not None:
+        await refuse_upstream_plan(request, runtime(request), body.plan, "plan")
+    if body.agent is not None:
+        await refuse_upstream_agents(request, runtime(request), [body.agent], "agent")
     row, secret = await call(runtime(request).schedules.create, body.name, kind=body.kind, cron=body.cron,
                              timezone=body.timezone, plan=body.plan, agent=body.agent, goal=body.goal)
     return schedule_object(row, secret=secret)
