@@ -277,7 +277,8 @@ def _register_subcommands() -> None:
                                                         "resolve; and who waits for whom (waits)")
     app.add_typer(code_app, name="code", help='the coding agent: mainspring code "task" [--repo PATH] edits and '
                                               "tests in the sandbox until green, then prints the diff; bench; diff")
-    app.add_typer(finance_app, name="finance", help="financial research: generate the corpus, …")
+    app.add_typer(finance_app, name="finance", help="financial research: generate the filings corpus, ask a "
+                  "question (every number cited and verified), eval")
     app.command("review", help="review comments on a diff (a file, - for stdin, or --staged): file:line: comment, "
                                "or JSON")(review_cmd)
     app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")

@@ -1,7 +1,11 @@
 """`mainspring finance …`: the financial research scenario's commands. `generate` writes the synthetic filings
-corpus (corpus/) for a seed, by default into <data dir>/finance/corpus-seed<N>, and prints what it wrote.
+corpus (corpus/) for a seed, by default into ./finance-corpus-seed<N>, and prints what it wrote; `ask` and
+`eval` run the research pipeline through the server (research_cli.py).
 
-Exit codes: 0 written, 2 bad input (a message, never a traceback)."""
+The default folder is the current one's, not the data directory's: runs may attach folders under
+MAINSPRING_AGENT_ATTACH_ROOTS and never the data directory, so the corpus lives where the operator allows.
+
+Exit codes: 0 written (ask: verified), 1 ask: unverified, 2 bad input (a message, never a traceback)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mainspring.config import get_settings
 from mainspring.console import fail
+from mainspring.scenarios.finance.research_cli import ask_cmd, eval_cmd
 
 out = Console(highlight=False, soft_wrap=True)
 
-finance_app = typer.Typer(no_args_is_help=True, help="financial research: generate the corpus")
+finance_app = typer.Typer(no_args_is_help=True, help="financial research: generate the corpus, ask, eval")
 
 
 @finance_app.callback()
@@ -28,14 +32,14 @@ def finance() -> None:
 
 @finance_app.command("generate")
 def generate_cmd(out_dir: Optional[Path] = typer.Option(None, "--out", help="folder to write the corpus into "
-                                                         "(default <data dir>/finance/corpus-seed<N>)"),
+                                                         "(default ./finance-corpus-seed<N>)"),
                  seed: int = typer.Option(0, "--seed", help="the seed; the same seed writes the same bytes")) -> None:
     """Write the synthetic filings corpus: filings, facts.json per company, manifest.json, questions.jsonl."""
     from mainspring.scenarios.finance.corpus import generate_corpus, load_questions
 
     if seed < 0:
         fail(f"--seed must be a non-negative integer, got {seed}")
-    target = out_dir or get_settings().data_dir / "finance" / f"corpus-seed{seed}"
+    target = out_dir or Path(f"finance-corpus-seed{seed}")
     if target.exists() and not target.is_dir():
         fail(f"--out {target} exists and is not a folder")
     try:
@@ -57,6 +61,10 @@ def generate_cmd(out_dir: Optional[Path] = typer.Option(None, "--out", help="fol
     table.add_row("pages", str(_pages(target, manifest)))
     table.add_row("bytes", f"{size:,}")
     out.print(table)
+
+
+finance_app.command("ask")(ask_cmd)
+finance_app.command("eval")(eval_cmd)
 
 
 def _pages(target: Path, manifest: object) -> int:

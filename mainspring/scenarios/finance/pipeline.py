@@ -50,33 +50,36 @@ itself as `answer`: whole dollars or shares, a ratio or growth as a percent, nul
 VERIFY = f"Call {VERIFY_TOOL}() to check the report. It ends the task with the verdict."
 
 COLLECT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["facts"], "properties": {
-    "facts": {"type": "array", "maxItems": 12, "items": {
+    "facts": {"type": "array", "maxItems": 8, "items": {
         "type": "object", "additionalProperties": False, "required": ["fact_id", "about"],
-        "properties": {"fact_id": {"type": "string", "maxLength": 40}, "about": {"type": "string", "maxLength": 200}}}},
-    "passages": {"type": "array", "maxItems": 6, "items": {
+        "properties": {"fact_id": {"type": "string", "maxLength": 24}, "about": {"type": "string", "maxLength": 80}}}},
+    "passages": {"type": "array", "maxItems": 4, "items": {
         "type": "object", "additionalProperties": False, "required": ["citation", "about"],
-        "properties": {"citation": {"type": "string", "maxLength": 120},
-                       "about": {"type": "string", "maxLength": 200}}}}}}
+        "properties": {"citation": {"type": "string", "maxLength": 60},
+                       "about": {"type": "string", "maxLength": 80}}}}}}
 ANALYSE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["findings"], "properties": {
-    "findings": {"type": "array", "maxItems": 8, "items": {
+    "findings": {"type": "array", "maxItems": 4, "items": {
         "type": "object", "additionalProperties": False, "required": ["statement", "program"],
-        "properties": {"statement": {"type": "string", "maxLength": 300},
-                       "program": {"type": "string", "maxLength": 600}}}}}}
+        "properties": {"statement": {"type": "string", "maxLength": 120},
+                       "program": {"type": "string", "maxLength": 240}}}}}}
 REPORT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "markdown"], "properties": {
     "answer": {"type": ["number", "null"], "description": "the answer in whole units (dollars, shares; a ratio "
                "as a percent, e.g. 12.5); null when the filings do not report it"},
-    "markdown": {"type": "string", "maxLength": 6000}}}
+    "markdown": {"type": "string", "maxLength": 1500}}}
 VERIFY_SCHEMA = {"type": "object", "required": ["verified", "claims"],
                  "properties": {"verified": {"type": "boolean"}, "claims": {"type": "array"}}}
 
 
-def finance_agents(model: str = "smollm2", max_tokens: int = 512) -> list[AgentSpec]:
-    """The four stage agents, named finance-<stage>; put them into the project before the first plan."""
+# The artifacts' bounds keep every stage's answer inside one model call's max_tokens (about 4 characters a
+# token), so a constrained answer always closes its JSON instead of being cut off.
+def finance_agents(model: str = "smollm2", max_tokens: int = 512, tool_steps: int = 8) -> list[AgentSpec]:
+    """The four stage agents, named finance-<stage>; put them into the project before the first plan.
+    `tool_steps`: the model steps collect may take (analyse gets two fewer)."""
     def agent(stage: str, instructions: str, tools: list[str], steps: int, **extra: Any) -> AgentSpec:
         return AgentSpec(name=AGENT_PREFIX + stage, model=model, instructions=instructions, tools=tools,
                          limits=AgentLimits(max_steps=steps, max_tokens=max_tokens), **extra)
-    return [agent("collect", COLLECT, ["list_filings", "get_fact", "search_filings", "read_filing"], 8),
-            agent("analyse", ANALYSE, ["get_fact", "compute"], 6),
+    return [agent("collect", COLLECT, ["list_filings", "get_fact", "search_filings", "read_filing"], tool_steps),
+            agent("analyse", ANALYSE, ["get_fact", "compute"], max(2, tool_steps - 2)),
             agent("report", REPORT, [], 2),
             agent("verify", VERIFY, [VERIFY_TOOL], 2, tool_choice="required")]
 
@@ -117,8 +120,8 @@ class ResearchOutcome:
         return [c for c in (self.verdict or {}).get("claims", []) if c.get("status") != "ok"]
 
 
-def put_agents(client: httpx.Client, model: str, max_tokens: int = 512) -> None:
-    for spec in finance_agents(model, max_tokens):
+def put_agents(client: httpx.Client, model: str, max_tokens: int = 512, tool_steps: int = 8) -> None:
+    for spec in finance_agents(model, max_tokens, tool_steps):
         r = client.post("/v1/agents", json=spec.model_dump(mode="json"))
         r.raise_for_status()
 

@@ -227,5 +227,8 @@ def finance_tools(settings: Settings | None = None) -> list[FunctionTool]:
 
 
 def agent_tool_pack(settings: Settings) -> list[FunctionTool]:
-    """This scenario's tools for every agent run: the `mainspring.agent_tools` entry point (pyproject.toml)."""
-    return finance_tools(settings)
+    """This scenario's tools for every agent run: the `mainspring.agent_tools` entry point (pyproject.toml); the
+    research pipeline's verify stage (pipeline_tools.py) among them."""
+    from mainspring.scenarios.finance.pipeline_tools import verify_stage_tools
+
+    return finance_tools(settings) + verify_stage_tools(settings)
