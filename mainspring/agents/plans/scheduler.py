@@ -44,7 +44,7 @@ from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.plans import budget, deadlocks, handoffs, leader, queue_wait, replan, schedules, store
 from mainspring.agents.plans.admission import Admission, candidates
 from mainspring.agents.plans.task_run import render_goal, route
-from mainspring.agents.plans.spec import PlanError, TaskSpec
+from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
 from mainspring.agents.status import TERMINAL, RunStatus
 from mainspring.agents.tables import AgentRow, RunRow
@@ -391,4 +391,13 @@ class PlanScheduler:
         journal.create_run(self.db, agent_id, goal, priority=task.priority, project_id=plan.project_id,
                            api_key_id=plan.api_key_id, run_id=run_id, output_schema=spec.output_schema,
                            model=route(plan_spec, spec, task.attempt), token_budget=token_budget,
-                           cost_budget_u=cost_budget_u, attachments=plan_spec.attachments)
+                           cost_budget_u=cost_budget_u, attachments=resolved_attachments(plan_spec))
+
+
+def resolved_attachments(plan: PlanSpec) -> dict[str, str] | None:
+    """The plan's attachments as Plans.create stored them: server paths, one per kind (never file-id lists)."""
+    if not plan.attachments:
+        return None
+    if any(not isinstance(v, str) for v in plan.attachments.values()):
+        raise PlanError("the plan's attachments were stored unresolved", param="attachments")
+    return {k: v for k, v in plan.attachments.items() if isinstance(v, str)}
