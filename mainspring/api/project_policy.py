@@ -7,7 +7,8 @@
   completions, the only routes that relay to an upstream, batch lines included: they call those routes), at agent
   run and plan creation and run resume (routes/agent_policy.py), and again by the agent runtime whenever a run
   resolves its model (agent_models.AppModels). GET /v1/models leaves upstream models out for such a project.
-* never-for-training: fine-tuning job creation is refused with 403 (code `training_not_allowed`).
+* never-for-training: fine-tuning job creation, and resuming a paused job, are refused with 403 (code
+  `training_not_allowed`); the runner (train/jobs.py) fails such a job when it would start it.
 """
 
 from __future__ import annotations
@@ -57,4 +58,5 @@ async def refuse_if_local_only(request: Request, model: str, param: str | None =
 
 def training_refusal() -> APIError:
     return APIError(403, "this project's data is never used for training (its data policy): fine-tuning jobs "
-                    "are refused; change it with `mainspring projects set <project> --training`", code=NO_TRAINING)
+                    "are refused (created or resumed); change it with `mainspring projects set <project> --training`",
+                    code=NO_TRAINING)

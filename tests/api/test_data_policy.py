@@ -23,7 +23,7 @@ from mainspring.billing.keys import create_key
 from mainspring.billing.prices import DEFAULT_SHEET
 from mainspring.store.data_policy import set_policy
 from mainspring.store.db import session
-from mainspring.store.tables import ResponseRow
+from mainspring.store.tables import FineTuningJobRow, ResponseRow
 
 from .conftest import serve
 
@@ -204,6 +204,22 @@ def test_a_no_training_project_is_refused_fine_tuning_jobs(stack):
                                                     "grader": {"type": "string_check", "name": "g",
                                                                "input": "{{sample.output_text}}",
                                                                "reference": "x", "operation": "eq"}}})
+
+
+def test_a_paused_job_is_not_resumed_once_its_project_is_no_training(stack):
+    srv, fake, app = stack
+    secret, pid = _key(app, "paused_then_sealed")
+    with session(app.state.economics.db) as s:  # paused while the project allowed training
+        s.add(FineTuningJobRow(id="ftjob-paused", project_id=pid, model="SmolLM2-135M-Instruct",
+                               training_file="file-x", seed=1, status="paused", method_json="{}", config_json="{}"))
+        set_policy(s, pid, training_allowed=False)
+    with pytest.raises(openai.PermissionDeniedError) as exc:
+        oai(srv, secret).fine_tuning.jobs.resume("ftjob-paused")
+    assert exc.value.response.json()["error"]["code"] == "training_not_allowed"
+    with session(app.state.economics.db, readonly=True) as s:
+        assert s.get(FineTuningJobRow, "ftjob-paused").status == "paused"
+    with pytest.raises(openai.NotFoundError):  # another's job, or none: still a 404
+        oai(srv, secret).fine_tuning.jobs.resume("ftjob-nope")
 
 
 def test_the_server_runs_the_retention_sweeper(stack):

@@ -16,7 +16,9 @@ from fastapi import APIRouter, Request
 from sqlalchemy import case
 
 from mainspring.api.errors import bad_request
+from mainspring.api.project_policy import training_refusal
 from mainspring.api.routes.fine_tuning_objects import db, get_owned, job_objects, not_found, wake
+from mainspring.store.data_policy import get_policy
 from mainspring.store.db import session
 from mainspring.store.tables import FineTuningJobRow
 from mainspring.train import job_store
@@ -40,6 +42,13 @@ def _change(request: Request, job_id: str, from_: tuple[str, ...], to: str, refu
         return job_objects(s, [row])[0]
 
 
+def _training_allowed(request: Request, job_id: str) -> bool:
+    """May the job's project's data be trained on (store/data_policy.py)? 404 unless the caller may see the job.
+    The runner checks again when it starts the job; this makes a resume's refusal the answer to the resume."""
+    with session(db(request), readonly=True) as s:
+        return get_policy(s, get_owned(s, job_id, request.state.principal).project_id).training_allowed
+
+
 @router.post("/v1/fine_tuning/jobs/{job_id}/cancel")
 async def cancel_job(job_id: str, request: Request) -> dict:
     job = await asyncio.to_thread(_change, request, job_id, job_store.CANCELLABLE, "cancelled",
@@ -59,6 +68,8 @@ async def pause_job(job_id: str, request: Request) -> dict:
 
 @router.post("/v1/fine_tuning/jobs/{job_id}/resume")
 async def resume_job(job_id: str, request: Request) -> dict:
+    if not await asyncio.to_thread(_training_allowed, request, job_id):  # the project's policy, as it is now
+        raise training_refusal()
     # a pause is a clean stop, not a crash: the runner's restart count (attempts, capped at MAX_ATTEMPTS) starts
     # again, while attempts > 0 still tells it to resume from the checkpoint rather than start over
     attempts = case((FineTuningJobRow.attempts > 1, 1), else_=FineTuningJobRow.attempts)
