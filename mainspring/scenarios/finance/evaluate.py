@@ -3,7 +3,8 @@
 Per question: the report's `answer` against the gold answer within the question's relative tolerance (a gold
 None, "not reported", is right only when the answer is null too); the verifier's claims. Per run:
 
-- accuracy, overall and by question type;
+- accuracy, overall and by question type, and the correct answers whose report the verifier also passed (the
+  report's `answer` field carries no citation of its own; its Markdown must);
 - verified-claims rate and citation precision (of the numbers that carry a citation, the share whose source
   states or computes that number, in the period the text names);
 - unsupported numbers per report (claims the verifier did not pass: uncited, wrong value, wrong period,
@@ -82,6 +83,7 @@ def summarize(results: list[QuestionResult]) -> dict[str, Any]:
         "accuracy": correct / len(results) if results else 0.0,
         "accuracy_by_type": {t: sum(r.correct for r in rs) / len(rs) for t, rs in sorted(by_type.items())},
         "reports_verified": sum(r.verified for r in results),
+        "correct_and_verified": sum(r.correct and r.verified for r in results),  # the answer field is not cited
         "verified_claims_rate": ok / claims if claims else 0.0,
         "citation_precision": ok / cited if cited else 0.0,
         "unsupported_per_report": sum(r.unsupported for r in results) / len(results) if results else 0.0,

@@ -58,23 +58,28 @@ COLLECT_SCHEMA = {"type": "object", "additionalProperties": False, "required": [
         "properties": {"citation": {"type": "string", "maxLength": 60},
                        "about": {"type": "string", "maxLength": 80}}}}}}
 ANALYSE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["findings"], "properties": {
-    "findings": {"type": "array", "maxItems": 4, "items": {
+    "findings": {"type": "array", "maxItems": 3, "items": {
         "type": "object", "additionalProperties": False, "required": ["statement", "program"],
-        "properties": {"statement": {"type": "string", "maxLength": 120},
-                       "program": {"type": "string", "maxLength": 240}}}}}}
+        "properties": {"statement": {"type": "string", "maxLength": 100},
+                       "program": {"type": "string", "maxLength": 200}}}}}}
 REPORT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "markdown"], "properties": {
     "answer": {"type": ["number", "null"], "description": "the answer in whole units (dollars, shares; a ratio "
                "as a percent, e.g. 12.5); null when the filings do not report it"},
-    "markdown": {"type": "string", "maxLength": 1500}}}
+    "markdown": {"type": "string", "maxLength": 1200}}}
 VERIFY_SCHEMA = {"type": "object", "required": ["verified", "claims"],
                  "properties": {"verified": {"type": "boolean"}, "claims": {"type": "array"}}}
 
 
-# The artifacts' bounds keep every stage's answer inside one model call's max_tokens (about 4 characters a
-# token), so a constrained answer always closes its JSON instead of being cut off.
+# The artifacts' bounds keep every stage's answer (at most ~1,250 characters of JSON, about 3 a token) inside
+# one model call of MIN_MAX_TOKENS, so a constrained answer always closes its JSON instead of being cut off.
+MIN_MAX_TOKENS = 448
+
+
 def finance_agents(model: str = "smollm2", max_tokens: int = 512, tool_steps: int = 8) -> list[AgentSpec]:
     """The four stage agents, named finance-<stage>; put them into the project before the first plan.
-    `tool_steps`: the model steps collect may take (analyse gets two fewer)."""
+    `tool_steps`: the model steps collect may take (analyse gets two fewer, at least two)."""
+    if max_tokens < MIN_MAX_TOKENS:
+        raise ValueError(f"max_tokens must be at least {MIN_MAX_TOKENS}: a stage's answer must fit one call")
     def agent(stage: str, instructions: str, tools: list[str], steps: int, **extra: Any) -> AgentSpec:
         return AgentSpec(name=AGENT_PREFIX + stage, model=model, instructions=instructions, tools=tools,
                          limits=AgentLimits(max_steps=steps, max_tokens=max_tokens), **extra)

@@ -35,6 +35,7 @@ def test_results_and_the_summary_count_claims_and_cost_per_correct_answer():
     assert (right.correct, right.claims, right.claims_ok, right.cited, right.unsupported) == (True, 3, 1, 2, 2)
     summary = summarize([right, wrong])
     assert summary["accuracy"] == 0.5 and summary["reports_verified"] == 1
+    assert summary["correct_and_verified"] == 0  # the right answer's report failed a claim; the verified one is wrong
     assert summary["verified_claims_rate"] == 2 / 4 and summary["citation_precision"] == 2 / 3
     assert summary["unsupported_per_report"] == 1.0
     assert summary["cost_per_correct_usd"] == pytest.approx(0.004)  # both questions' cost over one right answer
