@@ -44,11 +44,15 @@ def test_plain_functions_are_wrapped_and_non_tools_refused():
         registry.register(42)  # type: ignore[arg-type]
 
 
+FINANCE = ["list_filings", "get_fact", "search_filings", "read_filing", "compute", "verify_report",
+           "verify_research_report"]  # all read-only or keyed by idempotency key in the run's workspace
+
+
 def test_builtin_registry_has_http_fetch_only_when_enabled(settings):
-    # the built-in tools, then each entry-point tool pack by name: coding, scene3d
+    # the built-in tools, then each entry-point tool pack by name: coding, finance, scene3d
     assert builtin_registry(settings).names() == ["python", "shell", "search", "sql", "files", "view_file",
                                                   "search_code", "edit_file", "create_file", "run_tests",
-                                                  "scene_validate", "scene_render"]
+                                                  *FINANCE, "scene_validate", "scene_render"]
     enabled = builtin_registry(settings, enable_http=True)
     assert enabled.names()[-1] == "http_fetch"
     flags = {t.name: (t.idempotent, t.requires_approval) for t in enabled}
@@ -56,6 +60,7 @@ def test_builtin_registry_has_http_fetch_only_when_enabled(settings):
                      "sql": (True, False), "files": (False, False), "view_file": (True, False),
                      # the coding tools that change files keep each call's first result by idempotency key
                      "search_code": (True, False), "edit_file": (True, False), "create_file": (True, False),
-                     "run_tests": (True, False), "scene_validate": (True, False),
+                     "run_tests": (True, False), **{name: (True, False) for name in FINANCE},
+                     "scene_validate": (True, False),
                      "scene_render": (True, False), "http_fetch": (True, False)}
     assert enabled.get("python").timeout_s == 30 + 30  # the python profile's wall time plus the margin
