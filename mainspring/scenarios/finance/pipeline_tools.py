@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from mainspring.agents.plans.task_run import goal_artifacts
-from mainspring.agents.tools.base import EndRun, ToolContext
+from mainspring.agents.tools.base import EndRun, ToolContext, ToolError
 from mainspring.agents.tools.decorator import tool
 from mainspring.config import Settings
+from mainspring.scenarios.finance.filings import FilingsStore
 from mainspring.scenarios.finance.pipeline import VERIFY_TOOL
 
 
@@ -29,8 +30,7 @@ def _unverified(reason: str) -> dict[str, Any]:
     return {"verified": False, "claims": [], "reason": reason}
 
 
-def verdict_of(goal: str, corpus: str | None, cache_dir: Path) -> dict[str, Any]:
-    from mainspring.scenarios.finance.filings import FilingsStore
+def verdict_of(goal: str, store: FilingsStore) -> dict[str, Any]:
     from mainspring.scenarios.finance.verify import verify_report
 
     inputs = goal_artifacts(goal)
@@ -40,23 +40,26 @@ def verdict_of(goal: str, corpus: str | None, cache_dir: Path) -> dict[str, Any]
     markdown = report.get("markdown") if isinstance(report, dict) else None
     if not isinstance(markdown, str) or not markdown.strip():
         return _unverified("the report is empty")
-    if corpus is None or not (Path(corpus) / "manifest.json").is_file():
-        return _unverified("the run has no filings folder attached (docs with a manifest.json)")
-    store = FilingsStore.open(Path(corpus), cache_dir)
-    try:
-        verdict = verify_report(markdown, store, program_table(analysis))
-    finally:
-        store.close()
+    verdict = verify_report(markdown, store, program_table(analysis))
     return json.loads(json.dumps(asdict(verdict), default=str))
 
 
 def verify_stage_tools(settings: Settings) -> list:
+    # the finance tools' own store cache, corpus check and workspace file: one way to open and record
+    from mainspring.scenarios.finance.tools import VERDICT_FILE, _Stores, _workspace_lock
+
+    stores = _Stores(Path(settings.cache_dir))
+
     @tool(name=VERIFY_TOOL, idempotent=True)
     def verify_research_report(ctx: ToolContext) -> str:
         """Check the report given to this task: re-run every program, resolve every citation. Ends the task
         with the verdict."""
-        verdict = verdict_of(ctx.goal, ctx.attachments.get("docs"), settings.cache_dir)
-        (ctx.workspace / "verdict.json").write_text(json.dumps(verdict, indent=2))
+        try:
+            verdict = verdict_of(ctx.goal, stores.of(ctx))
+        except ToolError as exc:  # no corpus attached, or one that cannot be read: unverified, never open
+            verdict = _unverified(str(exc))
+        with _workspace_lock(ctx) as folder:
+            (folder / VERDICT_FILE).write_text(json.dumps(verdict, indent=2))
         failing = [c for c in verdict.get("claims", []) if c.get("status") != "ok"]
         summary = ("verified: every number is cited and re-computed" if verdict.get("verified") else
                    f"unverified: {verdict.get('reason') or f'{len(failing)} claims failed'}")
