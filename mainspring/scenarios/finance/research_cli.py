@@ -8,6 +8,7 @@ only when they changed).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
@@ -84,7 +85,7 @@ def ask_cmd(
         if audit_out is not None:
             audit_out.write_text(audit_jsonl(server.http, outcome))
     if as_json:
-        out.print_json(json.dumps(outcome.__dict__, default=str))
+        out.print_json(json.dumps(asdict(outcome), default=str))
     else:
         show(outcome)
     raise typer.Exit(0 if outcome.verified else 1)
