@@ -6,13 +6,13 @@ import time
 from mainspring.agents.tools.code import python_tool
 from mainspring.config import Settings
 from tests.agents.conftest import TERMINAL, PolicyModel, make_runtime, spec, wait_status
-from tests.sandbox.conftest import TEST_SANDBOX_DIR
-from tests.sandbox.test_attacks import _processes_owned_by
+from tests.sandbox.conftest import TEST_SANDBOX_DIR, job_name, live_processes_named, name_this_process
 
 
 def test_cancel_kills_a_sandboxed_infinite_loop(tmp_path, db_url, sandbox):
     tool = python_tool(Settings(sandbox_dir=TEST_SANDBOX_DIR))
-    model = PolicyModel(tool="python", args={"code": "while True:\n    pass\n"})
+    name = job_name()  # this job's own processes: other tests' sandboxes share the slot uids
+    model = PolicyModel(tool="python", args={"code": name_this_process(name) + "while True:\n    pass\n"})
     rt = make_runtime(tmp_path, db_url, model, {"python": tool})
     rt.worker.env.sandbox = sandbox
     rt.put_agent(spec(tools=("python",)))
@@ -23,7 +23,10 @@ def test_cancel_kills_a_sandboxed_infinite_loop(tmp_path, db_url, sandbox):
         try:
             while "tool.started" not in [e.type for e in rt.events(run.id)]:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # the job is spinning in its sandbox now
+            guard = time.monotonic() + 60
+            while not live_processes_named(name):  # the job is spinning in its sandbox now
+                assert time.monotonic() < guard, "the sandboxed job never started"
+                await asyncio.sleep(0.05)
             started = time.monotonic()
             rt.act(run.id, "cancel")
             done = await wait_status(rt, run.id, TERMINAL, timeout=20)
@@ -35,9 +38,7 @@ def test_cancel_kills_a_sandboxed_infinite_loop(tmp_path, db_url, sandbox):
     assert done.status == "cancelled" and done.stop_reason == "cancelled"
     [call] = rt.steps(run.id)[0]["tool_calls"]
     assert call["status"] == "cancelled"
-    if sandbox.host.is_root:
-        uids = {sandbox.settings.sandbox_uid_base + slot for slot in range(sandbox.slots)}
-        deadline = time.monotonic() + 5
-        while [p for p, state in _processes_owned_by(uids) if state != "Z"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert [p for p, state in _processes_owned_by(uids) if state != "Z"] == []
+    deadline = time.monotonic() + 5  # a killed process can take a moment to leave the process table
+    while live_processes_named(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_processes_named(name) == []

@@ -311,7 +311,7 @@ def test_a_higher_priority_task_preempts_at_a_step_boundary_and_the_preempted_on
 
 
 def test_a_task_past_its_timeout_has_its_run_cancelled_and_fails(tmp_path, db_url):
-    from tests.agents.conftest import CountTool, PolicyModel
+    from tests.agents.conftest import TERMINAL, CountTool, PolicyModel, wait_status
 
     rt = make_runtime(tmp_path, db_url, PolicyModel(tool="count", calls=20),
                       {"count": CountTool(tmp_path / "ledger", delay_s=0.2)})
@@ -323,13 +323,17 @@ def test_a_task_past_its_timeout_has_its_run_cancelled_and_fails(tmp_path, db_ur
             {"id": "b", "agent": "slow", "prompt": "after", "depends_on": ["a"]}]))
         t = time.monotonic()
         done = await wait_plan(rt, plan.id)
-        return done, rt.plans.tasks(plan.id), time.monotonic() - t
+        took = time.monotonic() - t
+        tasks = rt.plans.tasks(plan.id)
+        # the task fails once the cancel is journaled; the worker ends the run at its next step boundary
+        run = await wait_status(rt, next(t.run_id for t in tasks if t.key == "a"), TERMINAL, timeout=20)
+        return done, tasks, took, run
 
-    done, tasks, took = drive(rt, body)
+    done, tasks, took, run_a = drive(rt, body)
     by = {t.key: t for t in tasks}
     assert done.status == "failed" and by["a"].status == "failed" and by["b"].status == "cancelled"
     assert "timed out after 1 s" in by["a"].error
-    assert rt.run(by["a"].run_id).status == "cancelled"
+    assert run_a.status == "cancelled"
     assert took < 15  # not the 20 slow steps the run would have taken
     effects = len((tmp_path / "ledger").read_text().split())
     assert 0 < effects < 20
