@@ -20,6 +20,9 @@ from typing import Any
 from mainspring.scenes.model import OBJECT_KEY_ORDER, SCHEMA_VERSION, Scene
 
 _OBJECT_DEFS = ("Box", "Sphere", "Cylinder", "Capsule", "Torus", "Plane", "MeshAsset")
+# llguidance options: compact JSON, so the token budget goes to content, not indentation (an
+# empty whitespace_pattern overrides the engine's default pattern, which allows newlines)
+COMPACT_JSON = {"whitespace_flexible": False, "whitespace_pattern": "", "item_separator": ",", "key_separator": ":"}
 
 
 def scene_json_schema() -> dict[str, Any]:
@@ -89,10 +92,7 @@ def decoding_schema(object_ids: list[str] | None = None, max_objects: int = 8,
             if "ids" in d.get("properties", {}):
                 d["properties"]["ids"] = {"anyOf": [{"const": "*"}, {"type": "array", "items": {"enum": ids},
                                                                       "minItems": 1, "maxItems": len(ids)}]}
-    # llguidance options: compact JSON, so the token budget goes to content, not indentation
-    # (an empty whitespace_pattern overrides the engine's default pattern, which allows newlines)
-    schema["x-guidance"] = {"whitespace_flexible": False, "whitespace_pattern": "", "item_separator": ",",
-                            "key_separator": ":"}
+    schema["x-guidance"] = dict(COMPACT_JSON)
     return schema
 
 

@@ -4,17 +4,13 @@ compile in llguidance (what constrained decoding and forced tool calls run on)."
 from __future__ import annotations
 
 import json
-import string
 
 import jsonschema
 import pytest
-from tokenizers import Tokenizer as HFTokenizer, decoders, models
 
 from mainspring.engine.grammar import GrammarCompiler
-from mainspring.engine.params import SamplingParams
-from mainspring.engine.tokenizer import Tokenizer
 from mainspring.scenes import decoding_schema, scene_json_schema, validate
-from tests.scenes.helpers import box, doc, living_room
+from tests.scenes.helpers import accepts, box, doc, living_room, tiny_compiler
 
 FULL = jsonschema.Draft202012Validator(scene_json_schema())
 
@@ -59,27 +55,9 @@ def test_schema_and_models_reject_the_same_documents(edit, path):
                for e in errors), [e.json_path for e in errors]
 
 
-def _tiny_compiler() -> GrammarCompiler:
-    chars = sorted(set(string.printable) - set("\x0b\x0c"))
-    toks = ["<s>", "</s>", *chars]
-    hf = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(toks)}, merges=[]))
-    hf.decoder = decoders.Fuse()
-    hf.add_special_tokens(["<s>", "</s>"])
-    return GrammarCompiler(Tokenizer(hf, bos_token="<s>", eos_token="</s>"), vocab_size=len(toks))
-
-
 @pytest.fixture(scope="module")
 def compiler() -> GrammarCompiler:
-    return _tiny_compiler()
-
-
-def accepts(compiler: GrammarCompiler, schema: dict, text: str) -> bool:
-    """Whether llguidance lets `text` be generated, character by character, to the end."""
-    matcher = compiler.compile(SamplingParams(guided_json=schema))
-    for ch in text:
-        if not matcher.accept(compiler._tokenizer.encode(ch)[0]):
-            return False
-    return matcher.is_accepting()
+    return tiny_compiler()
 
 
 def compact(document) -> str:
