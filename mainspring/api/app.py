@@ -14,7 +14,7 @@ from mainspring.api.body_limit import BodyLimit
 from mainspring.api.economics import Economics
 from mainspring.api.errors import install_error_handlers
 from mainspring.api.finetuned import FineTunedModels
-from mainspring.api.routes import api_router
+from mainspring.api.routes import api_router, console
 from mainspring.billing.trace import TraceRecorder
 from mainspring.api.upstream import Upstreams
 from mainspring.config import Settings, get_settings
@@ -118,6 +118,7 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_request_mb * 2**20),
                        upload_bytes=int(settings.max_upload_mb * 2**20))
     app.include_router(api_router())
+    app.include_router(console.router)  # the web console at / (static files; its data comes from /v1 with a key)
 
     @app.get("/health")
     async def health() -> dict:
