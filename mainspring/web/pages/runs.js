@@ -27,7 +27,7 @@ export async function render(main) {
     filters.agent = agent.value;
     const runs = (await get("/v1/runs", {status: filters.status, limit: 200})).data
       .filter(r => !filters.agent || byId[r.agent_id] === filters.agent || r.agent_id === filters.agent);
-    list.replaceChildren(table(`${runs.length} runs`, [
+    list.replaceChildren(table(`${runs.length} run${runs.length === 1 ? "" : "s"}`, [
       {label: "Run", cell: r => h("a", {href: `#/runs/${r.id}`}, r.id)},
       {label: "State", cell: r => [badge(r.status), r.pending_interrupts.length ?
         h("span", {class: "needs"}, ` ${r.pending_interrupts.length} to approve`) : null]},
