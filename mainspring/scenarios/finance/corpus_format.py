@@ -77,6 +77,7 @@ class FactRef(BaseModel):
     period: str = Field(pattern=r"^FY\d{4}(Q[1-4](YTD)?)?$")
     unit: Unit
     accn: str | None = None
+    fact_id: str | None = None  # the store's id of the very fact meant (filings.fact_id_of): a program names it
 
 
 class Evidence(BaseModel):
@@ -99,6 +100,6 @@ class Question(BaseModel):
     unit: Literal["USD", "shares", "USD/shares", "pure", "percent"]
     scale: Literal["", "thousand", "million", "billion", "percent"] = ""  # how answer_text states it
     tolerance: float = 0.005  # relative
-    program: str = ""  # FinQA-style over #k = evidence[k].fact: "divide(subtract(#0, #1), #1)"
+    program: str = ""  # in programs.py's syntax over the evidence's fact ids: "divide(subtract(F:f-…, F:f-…), F:f-…)"
     evidence: list[Evidence] = Field(default_factory=list)
     trap: Trap | None = None

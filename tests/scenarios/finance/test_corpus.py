@@ -59,8 +59,12 @@ def resolve(facts: dict[str, Any], fiscal_year_end: str, ref: FactRef) -> float:
     return value(facts, ref.concept, ref.unit, p.start, p.end, ref.accn)
 
 
-def run(program: str, values: list[float]) -> float:
-    """A tiny FinQA evaluator, independent of the generator's: the program as a Python call tree, walked."""
+def run(program: str, fact_ids: list[str], values: list[float]) -> float:
+    """A tiny FinQA evaluator, independent of the pipeline's: the program as a Python call tree, walked, with
+    `F:<fact_id>` read as the value of the evidence that names that fact."""
+    cited = re.findall(r"F:([A-Za-z0-9_.-]+)", program)
+    assert cited and set(cited) <= set(fact_ids), (program, fact_ids)
+    program = re.sub(r"F:([A-Za-z0-9_.-]+)", lambda m: f"v{fact_ids.index(m.group(1))}", program)
     ops = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b,
            "divide": lambda a, b: a / b}
 
@@ -73,7 +77,7 @@ def run(program: str, values: list[float]) -> float:
             return float(node.value)
         raise AssertionError(f"unexpected program node {ast.dump(node)}")
 
-    return walk(ast.parse(re.sub(r"#(\d+)", r"v\1", program), mode="eval").body)
+    return walk(ast.parse(program, mode="eval").body)
 
 
 # determinism and files
@@ -276,14 +280,16 @@ def test_questions_mix_programs_and_evidence(corpus: Path, manifest: Manifest) -
             assert q.answer is None and q.answer_text == "not reported" and not q.evidence
             continue
         assert q.answer is not None and q.evidence and q.program
-        values = []
+        values, fact_ids = [], []
         for ev in q.evidence:
             assert ev.fact is not None and ev.doc_id in pages and ev.page is not None and ev.page >= 1
+            assert ev.fact.fact_id is not None
+            fact_ids.append(ev.fact.fact_id)
             company = by_cik[ev.fact.cik]
             if ev.fact.accn is not None:
                 assert pages[ev.doc_id].accn == ev.fact.accn
             values.append(resolve(facts[company.ticker], company.fiscal_year_end, ev.fact))
-        got = run(q.program, values)
+        got = run(q.program, fact_ids, values)
         assert abs(got - q.answer) <= max(abs(q.answer) * q.tolerance, 1e-9), (q.id, q.program, got, q.answer)
     chains = [q for q in questions if q.question_type == "chain"]
     ids = {q.id for q in questions}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from mainspring.scenarios.finance.corpus.statements import INSTANTS
 from mainspring.scenarios.finance.corpus_format import Evidence, FactRef
+from mainspring.scenarios.finance.filings import fact_id_of
 
 if TYPE_CHECKING:
     from mainspring.scenarios.finance.corpus.generate import CompanyData
@@ -34,6 +35,11 @@ class Ref:
     evidence: Evidence
     val: float
 
+    @property
+    def fact_id(self) -> str:
+        assert self.evidence.fact is not None and self.evidence.fact.fact_id is not None
+        return self.evidence.fact.fact_id
+
 
 def ref(cd: CompanyData, concept: str, label: str, accn: str | None = None) -> Ref | None:
     """The fact `concept` for `label` as of the latest filing (accn None) or as filing `accn` printed it."""
@@ -49,5 +55,7 @@ def ref(cd: CompanyData, concept: str, label: str, accn: str | None = None) -> R
     r = reports[-1]
     page, text = cd.index.passages.get((r.doc_id, qualified(concept), label), (r.page, ""))
     fact = FactRef(cik=cd.spec.cik, concept=qualified(concept), period=label, unit=unit_of(concept),  # type: ignore[arg-type]
-                   accn=accn)
+                   accn=accn, fact_id=fact_id_of(cd.spec.cik, qualified(concept), unit_of(concept),
+                                                 p.start.isoformat() if p.start else None, p.end.isoformat(),
+                                                 r.accn))
     return Ref(Evidence(doc_id=r.doc_id, page=page, fact=fact, text=text), float(r.val))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mainspring.scenarios.finance.corpus.builders import long_date
-from mainspring.scenarios.finance.corpus.program_eval import run_program as evaluate
 from mainspring.scenarios.finance.corpus.question_refs import ref
 from mainspring.scenarios.finance.corpus.wording import METRIC, period_words
 
@@ -43,15 +42,15 @@ class TrapMaker:
                 return
             self.m.add("trap", [cd], f"The 10-K/A ({amended}) restates fiscal {fy}; use its figure, not the "
                        "original 10-K's.", f"What was {cd.spec.possessive} {METRIC[concept]} for "
-                       f"{period_words(label)}, as restated?", [r], "#0", r.val, "USD", trap="restatement")
+                       f"{period_words(label)}, as restated?", [r], "#0", "USD", trap="restatement")
             return
         new, old = ref(cd, concept, f"FY{fy}", amended), ref(cd, concept, f"FY{fy}", self.accn_of(cd, "10-K", fy))
         if new is None or old is None:
             return
         self.m.add("trap", [cd], "Restated (10-K/A) minus originally reported (10-K).",
                    f"By how much did the restatement change {cd.spec.possessive} reported {METRIC[concept]} for "
-                   f"fiscal {fy}?", [new, old], "subtract(#0, #1)", evaluate("subtract(#0, #1)", [new.val, old.val]),
-                   "USD", trap="restatement")
+                   f"fiscal {fy}?", [new, old], "subtract(#0, #1)", "USD",
+                   trap="restatement")
 
     def amendment(self) -> None:
         cd = self.with_trait("restates")
@@ -69,7 +68,7 @@ class TrapMaker:
         self.m.add("trap", [cd], f"The question asks for the figure as first filed ({original}), which the 10-K/A "
                    "later amended.", f"As originally reported in its {form}, before the amendment, what was "
                    f"{cd.spec.possessive} {METRIC[concept]} for {period_words(label)}?", [r], "#0",
-                   r.val, "USD", trap="amendment")
+                   "USD", trap="amendment")
 
     def split(self) -> None:
         cd = self.with_trait("split_at")
@@ -89,7 +88,7 @@ class TrapMaker:
             self.m.add("trap", [cd], f"A 2-for-1 split took effect in fiscal {cd.spec.split_at[0]}; later filings "
                        "restate earlier periods, so use the latest (split-adjusted) figure.",
                        f"On a split-adjusted basis, what was {cd.spec.possessive} {METRIC[concept]} for "
-                       f"{period_words(label)}?", [r], "#0", r.val, unit, trap="split")
+                       f"{period_words(label)}?", [r], "#0", unit, trap="split")
             return
         first = next((f for f in cd.filings if ((len(label) == 6 and f.form == "10-K" and f.fy == fy)
                            or (len(label) > 6 and f.form == "8-K" and f.fy == fy and f.quarter == int(label[7])))),
@@ -99,7 +98,7 @@ class TrapMaker:
             return
         self.m.add("trap", [cd], f"Before the 2-for-1 split; {first.doc_id} reported it on the pre-split basis.",
                    f"As originally reported (before the stock split), what was {cd.spec.possessive} "
-                   f"{METRIC[concept]} for {period_words(label)}?", [r], "#0", r.val, unit, trap="split")
+                   f"{METRIC[concept]} for {period_words(label)}?", [r], "#0", unit, trap="split")
 
     def scale(self) -> None:
         cd = self.with_trait("scale")
@@ -110,7 +109,7 @@ class TrapMaker:
             return
         self.m.add("trap", [cd], "The tables are in millions of dollars: multiply the printed figure by 1,000,000.",
                    f"In dollars, what was {cd.spec.possessive} {METRIC[concept]} for fiscal {label[2:]}?", [r], "#0",
-                   r.val, "USD", trap="scale")
+                   "USD", trap="scale")
 
     def fiscal_year(self) -> None:
         cd = self.with_trait("fiscal_year_end")
@@ -122,7 +121,7 @@ class TrapMaker:
                 return
             self.m.add("trap", [cd], f"The fiscal year ends June 30, so the quarter ended {long_date(end)} is "
                        f"{period_words(label)}.", f"What was {cd.spec.possessive} revenue for the three months "
-                       f"ended {long_date(end)}?", [r], "#0", r.val, "USD", trap="fiscal_year")
+                       f"ended {long_date(end)}?", [r], "#0", "USD", trap="fiscal_year")
             return
         year = self.rng.choice((2022, 2023))
         labels = [f"FY{year}Q3", f"FY{year}Q4", f"FY{year + 1}Q1", f"FY{year + 1}Q2"]
@@ -134,7 +133,7 @@ class TrapMaker:
         self.m.add("trap", [cd], f"Calendar {year} spans fiscal {year} Q3-Q4 and fiscal {year + 1} Q1-Q2 (fiscal "
                    "year ends June 30): add those four quarters.", f"What was {cd.spec.possessive} revenue for "
                    f"calendar year {year} (January 1 to December 31, {year})?", found, program,
-                   evaluate(program, [r.val for r in found]), "USD", trap="fiscal_year")
+                   "USD", trap="fiscal_year")
 
     def non_gaap(self) -> None:
         cd = self.rng.choice(self.m.data)
@@ -145,7 +144,7 @@ class TrapMaker:
                 return
             self.m.add("trap", [cd], "The release shows Adjusted EBITDA (non-GAAP) next to GAAP figures; the "
                        "question asks for GAAP operating income.", f"What was {cd.spec.possessive} GAAP operating "
-                       f"income (not Adjusted EBITDA) for {period_words(label)}?", [r], "#0", r.val, "USD",
+                       f"income (not Adjusted EBITDA) for {period_words(label)}?", [r], "#0", "USD",
                        trap="non_gaap")
             return
         refs = [ref(cd, c, label) for c in ("OperatingIncomeLoss", "DepreciationDepletionAndAmortization",
@@ -157,4 +156,4 @@ class TrapMaker:
         self.m.add("trap", [cd], "Adjusted EBITDA is non-GAAP: operating income plus depreciation and amortization "
                    "plus share-based compensation, as the release's reconciliation shows.",
                    f"What was {cd.spec.possessive} Adjusted EBITDA (non-GAAP) for {period_words(label)}?", found,
-                   program, evaluate(program, [r.val for r in found]), "USD", trap="non_gaap")
+                   program, "USD", trap="non_gaap")

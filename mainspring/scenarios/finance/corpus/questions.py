@@ -1,13 +1,15 @@
 """~300 questions from the facts: 30% extraction, 30% arithmetic, 10% each cross-company, chain, trap and
-unanswerable. Every answer is computed from the values of the facts its evidence cites, by the same arithmetic
-its FinQA-style program states, so executing the program over facts.json gives the answer."""
+unanswerable. Each question's program is written over its evidence's fact ids in the pipeline's own program
+language (programs.py), and its answer is that program run by the pipeline's interpreter over those facts' values:
+a report that cites the same facts with the same program is right by construction."""
 
 from __future__ import annotations
 
 import random
+import re
 from typing import TYPE_CHECKING
 
-from mainspring.scenarios.finance.corpus.program_eval import run_program
+from mainspring.scenarios.finance.programs import run_program
 from mainspring.scenarios.finance.corpus.question_refs import Ref, is_instant, ref, unit_of
 from mainspring.scenarios.finance.corpus.question_traps import TrapMaker
 from mainspring.scenarios.finance.corpus.views import EPS_CONCEPTS, RESTATED, SHARE_CONCEPTS
@@ -35,11 +37,14 @@ class QuestionMaker:
         self.seen: set[str] = set()
 
     def add(self, qtype: str, companies: list[CompanyData], reasoning: str, text: str, refs: list[Ref],
-            program: str, answer: float | None, unit: str, trap: str | None = None,
-            tolerance: float = 0.005) -> Question | None:
+            template: str, unit: str, trap: str | None = None, tolerance: float = 0.005) -> Question | None:
+        """`template` is the program with `#k` for refs[k]'s fact; "" for a question the filings cannot answer."""
         if text in self.seen:
             return None
         self.seen.add(text)
+        program, answer = over_facts(template, refs), None
+        if program:
+            answer = run_program(program, _RefValues(refs)).value
         atext, scale = ("not reported", "") if answer is None else answer_text(answer, unit)
         q = Question(id=f"fin-{len(self.questions) + 1:04d}", companies=[c.spec.ticker for c in companies],
                      question_type=qtype, question_reasoning=reasoning, question=text,  # type: ignore[arg-type]
@@ -76,7 +81,7 @@ class QuestionMaker:
             return
         self.add("extraction", [cd], f"Read {METRIC[concept]} from the {r.evidence.doc_id} filing; tables are in "
                  f"{'millions' if cd.spec.scale == 1_000_000 else 'thousands'}, so scale to whole units.",
-                 f"What was {self.wording(cd, concept, label)}?", [r], "#0", r.val, unit_of(concept))
+                 f"What was {self.wording(cd, concept, label)}?", [r], "#0", unit_of(concept))
 
     def arithmetic(self) -> None:
         cd = self.company()
@@ -135,7 +140,7 @@ class QuestionMaker:
         if len(found) != len(refs):
             return
         self.add("arithmetic", [cd], f"Compute {how} from the reported figures.", text, found, program,
-                 evaluate(program, [r.val for r in found]), unit)
+                 unit)
 
     def cross_company(self) -> None:
         a, b = self.rng.sample(self.data, 2)
@@ -162,7 +167,7 @@ class QuestionMaker:
         fye = "" if a.spec.fiscal_year_end == b.spec.fiscal_year_end else \
             " Their fiscal years end on different dates; compare fiscal years as each reports them."
         self.add("cross_company", [a, b], f"Take each company's figure and compute {how}.{fye}", text, found,
-                 program, evaluate(program, [r.val for r in found]), unit)
+                 program, unit)
 
     def chain(self, previous: list[Question]) -> None:
         base = self.rng.choice(previous)
@@ -179,20 +184,32 @@ class QuestionMaker:
                  f"for {period_words(prior)}, then (current - prior) / prior x 100.",
                  f"Following up on the previous question ({base.question} Answer: {base.answer_text}): by what "
                  f"percentage did it change from {period_words(prior)}?", [cur, old], program,
-                 evaluate(program, [cur.val, old.val]), "percent")
+                 "percent")
 
     def unanswerable(self) -> None:
         cd = self.company()
         metric, unit = self.rng.choice(UNREPORTED)
         when = self.rng.choice([period_words(lab) for lab in FLOW_LABELS] + ["fiscal 2020", "fiscal 2025"])
         self.add("unanswerable", [cd], "The filings do not report this figure; the right answer says so.",
-                 f"What was {cd.spec.possessive} {metric} for {when}?", [], "", None, unit)
+                 f"What was {cd.spec.possessive} {metric} for {when}?", [], "", unit)
 
 
-def evaluate(program: str, values: list[float]) -> float:
-    """The answer of a program of the shapes this module writes (add/subtract/multiply/divide over #k and
-    numbers), computed the same way a FinQA interpreter would."""
-    return run_program(program, values)
+def over_facts(template: str, refs: list[Ref]) -> str:
+    """The template with each `#k` replaced by refs[k]'s fact, `F:<fact_id>`."""
+    return re.sub(r"#(\d+)", lambda m: f"F:{refs[int(m.group(1))].fact_id}", template)
+
+
+class _RefValues:
+    """The program's inputs: the values the cited facts have in the corpus being generated."""
+
+    def __init__(self, refs: list[Ref]) -> None:
+        self.values = {r.fact_id: r.val for r in refs}
+
+    def fact_value(self, fact_id: str) -> float:
+        return self.values[fact_id]
+
+    def span_value(self, doc_id: str, page: int, start: int, end: int) -> float:
+        raise LookupError("generated programs cite facts, not spans")
 
 
 def generate_questions(rng: random.Random, data: list[CompanyData]) -> list[Question]:
