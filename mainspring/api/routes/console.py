@@ -48,8 +48,12 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", 
 
 def inside(root: Path, relative: str) -> Path:
     """`relative` under `root`, or a 404: a path that climbs out (.., a symlink) is not a console file."""
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root.resolve()) or not path.is_file():
+    try:
+        path = (root / relative).resolve()
+        found = path.is_relative_to(root.resolve()) and path.is_file()
+    except (ValueError, OSError):  # a NUL byte, a name too long: no file of ours either
+        found = False
+    if not found:
         raise APIError(404, f"no console file {relative!r}", code="not_found")
     return path
 
@@ -65,13 +69,13 @@ async def index() -> FileResponse:
 
 @router.get("/console/vendor/{package}/{path:path}")
 async def vendored(package: str, path: str) -> FileResponse:
-    folders = VENDORED.get(package)
-    if folders is None or not any(path.startswith(f + "/") for f in folders):
+    folder = next((f for f in VENDORED.get(package, ()) if path.startswith(f + "/")), None)
+    if folder is None:
         raise APIError(404, f"no vendored file {package}/{path}", code="not_found")
     if not (VENDOR_DIR / package).is_dir():
         raise APIError(404, f"{package} is not installed: see docs/console.md (npm install into .cache/npm-web)",
                        code="vendor_not_installed")
-    return static(inside(VENDOR_DIR / package, path))
+    return static(inside(VENDOR_DIR / package / folder, path[len(folder) + 1:]))  # `..` cannot leave the folder
 
 
 @router.get("/console/{path:path}")
