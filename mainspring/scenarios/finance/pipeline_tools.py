@@ -31,7 +31,7 @@ def _unverified(reason: str) -> dict[str, Any]:
 
 
 def verdict_of(goal: str, store: FilingsStore) -> dict[str, Any]:
-    from mainspring.scenarios.finance.verify import verify_report
+    from mainspring.scenarios.finance.verify import check_answer, verify_report
 
     inputs = goal_artifacts(goal)
     if "report" not in inputs or "analyse" not in inputs:
@@ -40,7 +40,10 @@ def verdict_of(goal: str, store: FilingsStore) -> dict[str, Any]:
     markdown = report.get("markdown") if isinstance(report, dict) else None
     if not isinstance(markdown, str) or not markdown.strip():
         return _unverified("the report is empty")
-    verdict = verify_report(markdown, store, program_table(analysis))
+    answer = report.get("answer")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))):
+        return _unverified(f"the report's answer is not a number: {answer!r}")
+    verdict = check_answer(verify_report(markdown, store, program_table(analysis)), markdown, answer)
     return json.loads(json.dumps(asdict(verdict), default=str))
 
 

@@ -7,6 +7,9 @@ names a fiscal period ("Q2 FY2023", "fiscal 2024") and the cited fact is another
 marker follows it; `unresolved` when a marker names no known fact, span or program, or its program fails. A
 marker that resolves nowhere fails even when no number precedes it. The verdict fails closed: any claim that is
 not `ok` makes the report unverified.
+
+A report's stated answer (the pipeline's `answer` field) must itself be one of its verified numbers
+(`check_answer`): a report that states no number, or cites other numbers than its answer, is `answer_uncited`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from mainspring.scenarios.finance.citations import Citation, NumberMention, find
 from mainspring.scenarios.finance.periods import FiscalPeriod, PeriodMention, find_periods, same_period
 from mainspring.scenarios.finance.programs import ProgramError, run_program
 
-ClaimStatus = str  # "ok" | "wrong_value" | "wrong_period" | "uncited" | "unresolved"
+ClaimStatus = str  # "ok" | "wrong_value" | "wrong_period" | "uncited" | "unresolved" | "answer_uncited"
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+[.)]\s|\||#))|\|")
 
 
@@ -167,6 +170,27 @@ def verify_report(markdown: str, store: VerifiableStore, programs: Mapping[str, 
     verified = not failing
     reason = "" if verified else f"{len(failing)} of {len(claims)} claims failed"
     return Verdict(verified, claims, reason, render_failures(claims))
+
+
+def _states(number: NumberMention, answer: float) -> bool:
+    """`number` as printed says `answer` (whole units; a percent answer is in percent points) at its precision."""
+    target = answer if number.percent else answer / number.scale
+    return abs(target - number.number) <= 0.5 * 10 ** -number.decimals + abs(target) * 1e-9
+
+
+def check_answer(verdict: Verdict, markdown: str, answer: float | None) -> Verdict:
+    """The verdict, failed closed unless the report's `answer` is printed in its Markdown as a verified number.
+    A null answer ("not reported") states no figure, so only the Markdown's own numbers are checked."""
+    if answer is None:
+        return verdict
+    ok_at = {c.start for c in verdict.claims if c.status == "ok"}
+    if any(n.start in ok_at and _states(n, answer) for n in find_numbers(markdown)):
+        return verdict
+    claim = Claim(f"{answer:g}", 0, 0, "answer_uncited", f"the report's answer ({answer:g}) is not among the "
+                  "Markdown's cited and verified numbers: the answer rests on no source")
+    claims = [claim, *verdict.claims]
+    failing = sum(c.status != "ok" for c in claims)
+    return Verdict(False, claims, f"{failing} of {len(claims)} claims failed", render_failures(claims))
 
 
 def _orphan_check(c: Citation, store: VerifiableStore, programs: Mapping[str, str]) -> str | None:

@@ -54,8 +54,8 @@ class StageModel(ChatModel):
 
     model = "stages"
 
-    def __init__(self, report: str):
-        self.report = report
+    def __init__(self, report: str, answer: float | None = None):
+        self.report, self.answer = report, answer
 
     async def chat(self, messages, tools=None, tool_choice=None, **kwargs) -> Completion:
         system = messages[0]["content"]
@@ -75,7 +75,8 @@ class StageModel(ChatModel):
                                   "program": f"growth(F:{ids[1]}, F:{ids[0]})"}]}
             return Completion(json.dumps(body), [], "stop", usage, self.model)
         if "You write" in system:
-            return Completion(json.dumps({"answer": None, "markdown": self.report}), [], "stop", usage, self.model)
+            body = {"answer": self.answer, "markdown": self.report}
+            return Completion(json.dumps(body), [], "stop", usage, self.model)
         assert tool_choice == "required" and [t["function"]["name"] for t in tools] == ["verify_research_report"]
         return Completion("", [ToolCall("v", "verify_research_report", "{}")], "tool_calls", usage, self.model)
 
@@ -83,8 +84,8 @@ class StageModel(ChatModel):
         raise NotImplementedError
 
 
-def run_pipeline(tmp_path, db_url, corpus, report: str):
-    rt = make_runtime(tmp_path / "data", db_url, StageModel(report),
+def run_pipeline(tmp_path, db_url, corpus, report: str, answer: float | None = None):
+    rt = make_runtime(tmp_path / "data", db_url, StageModel(report, answer),
                       {t.name: t for t in finance_tools(None) + verify_stage_tools(_settings(tmp_path))},
                       agent_attach_roots=[corpus])
     for spec in finance_agents("stages"):
@@ -121,7 +122,7 @@ def test_a_right_report_is_verified_and_every_stage_is_in_the_audit_trail(tmp_pa
     new, old = revenue["FY2024"], revenue["FY2023"]
     report = (f"Revenue was ${new.val / 1e6:,.1f} million in FY2024 [F:{new.fact_id}], up "
               f"{pct(new, old)} from fiscal 2023 [P:p-1].")
-    rt, outcome = run_pipeline(tmp_path, db_url, corpus, report)
+    rt, outcome = run_pipeline(tmp_path, db_url, corpus, report, answer=float(pct(new, old)[:-1]))
     assert outcome.status == "succeeded", outcome.error
     assert outcome.verified, outcome.verdict
     assert [c["status"] for c in outcome.verdict["claims"]] == ["ok", "ok"]
@@ -143,6 +144,20 @@ def test_a_wrong_report_is_unverified_and_the_claim_is_named(tmp_path, db_url, c
     rt, outcome = run_pipeline(tmp_path, db_url, corpus, break_it(revenue["FY2024"], revenue["FY2023"]))
     assert outcome.status == "succeeded" and not outcome.verified  # the plan ran; the report fails closed
     assert status in [c["status"] for c in outcome.failing_claims]
+
+
+@pytest.mark.parametrize("report", [
+    "Revenue grew strongly in fiscal 2024.",  # no number at all: nothing would be checked
+    "Revenue was ${new:,.1f} million in FY2024 [F:{fact}].",  # cited, but not the answer it gives
+])
+def test_a_report_whose_answer_is_not_a_cited_number_is_unverified(tmp_path, db_url, corpus, revenue, report):
+    new, old = revenue["FY2024"], revenue["FY2023"]
+    growth = float(pct(new, old)[:-1])
+    rt, outcome = run_pipeline(tmp_path, db_url, corpus, report.format(new=new.val / 1e6, fact=new.fact_id),
+                               answer=growth)
+    assert outcome.status == "succeeded" and not outcome.verified
+    (claim,) = outcome.failing_claims
+    assert claim["status"] == "answer_uncited" and f"{growth:g}" in claim["reason"]
 
 
 def test_programs_are_numbered_as_the_report_cites_them():

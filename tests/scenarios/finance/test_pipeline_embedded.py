@@ -50,7 +50,7 @@ def test_the_embedded_model_runs_the_four_stages_and_the_verifier_judges_its_rep
     assert set(outcome.runs) == set(STAGES)
     verdict = outcome.verdict
     assert verdict is not None and verdict["verified"] is outcome.verified
-    if outcome.verified:  # only when every number the model wrote (maybe none) is cited and resolves
+    if outcome.verified:  # only when every number the model wrote is cited and resolves, its answer among them
         assert all(c["status"] == "ok" for c in verdict["claims"]), verdict
     else:  # fail closed, and say why: the failing claims, or the reason there was nothing to check
         assert outcome.failing_claims or verdict.get("reason")

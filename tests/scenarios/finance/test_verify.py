@@ -120,3 +120,19 @@ def test_the_generated_corpus_round_trips_through_store_programs_and_verifier(tm
         checked += 1
     store.close()
     assert checked >= 100
+
+
+def test_the_stated_answer_must_be_one_of_the_verified_numbers(store: FilingsStore) -> None:
+    from mainspring.scenarios.finance.verify import check_answer
+
+    md, programs = _good_report(store)
+    verdict = verify_report(md, store, programs)
+    for answer in (1_250_000_000.0, 13.6, 0.45, 1_100_000_000.0):  # dollars, a percent, per share, "$1.1 billion"
+        assert check_answer(verdict, md, answer).verified, answer
+    assert check_answer(verdict, md, None) is verdict  # "not reported" states no figure
+    wrong = check_answer(verdict, md, 1_260_000_000.0)
+    assert not wrong.verified and wrong.claims[0].status == "answer_uncited"
+    assert "answer_uncited" in wrong.markdown and len(wrong.claims) == len(verdict.claims) + 1
+    bad = verify_report(md.replace("$330.0 million", "$331.0 million"), store, programs)
+    assert not check_answer(bad, md, 331_000_000.0).verified  # printed, but not a verified number
+    assert not check_answer(verify_report("Revenue rose.", store, {}), "Revenue rose.", 13.6).verified
