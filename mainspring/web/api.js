@@ -47,6 +47,15 @@ export async function post(path, body = {}) {
   return r.json();
 }
 
+/** The raw Response of an authenticated request (bytes: a .glb, an image), or an ApiError. */
+export async function raw(path, {method = "GET", json} = {}) {
+  const init = {method, headers: headers(json === undefined ? {} : {"Content-Type": "application/json"})};
+  if (json !== undefined) init.body = JSON.stringify(json);
+  const r = await fetch(path, init);
+  if (!r.ok) throw await failure(r);
+  return r;
+}
+
 /** A file download of an authenticated GET (an <a href> cannot send the Bearer header). */
 export async function download(path, filename) {
   const r = await fetch(path, {headers: headers()});

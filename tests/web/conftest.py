@@ -25,9 +25,11 @@ def browser() -> Iterator[Any]:
                     "need it")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
     with sync_api.sync_playwright() as p:
-        # root cannot use chromium's sandbox; the page is our own, served from loopback
+        # root cannot use chromium's sandbox (the page is our own, from loopback); WebGL (the scene viewer) on
+        # SwiftShader, the CPU renderer: no GPU is assumed
         b = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-                              args=["--no-sandbox", "--disable-gpu", "--no-proxy-server"])
+                              args=["--no-sandbox", "--no-proxy-server", "--use-angle=swiftshader",
+                                    "--enable-unsafe-swiftshader"])
         yield b
         b.close()
 

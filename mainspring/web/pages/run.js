@@ -16,8 +16,9 @@ export async function render(main, runId) {
   const approvals = h("section", {id: "approvals", "aria-labelledby": "approvals-h"});
   const timeline = h("ol", {id: "timeline", class: "timeline", "aria-live": "polite"});
   const audit = h("section", {id: "audit", "aria-labelledby": "audit-h"});
+  const sceneLink = h("p", {hidden: true}, h("a", {href: `#/scenes/${runId}`, id: "scene-link"}, "View its scenes in 3D"));
   main.append(h("p", {}, h("a", {href: "#/runs"}, "← Runs")), h("h2", {}, "Run ", h("code", {}, runId)), head,
-              actions, approvals,
+              actions, sceneLink, approvals,
               h("section", {"aria-labelledby": "events-h"}, h("h3", {id: "events-h"}, "Events"), timeline), audit);
 
   function showHead() {
@@ -101,6 +102,7 @@ export async function render(main, runId) {
 
   async function onEvent(ev) {
     timeline.append(item(ev));
+    if ((ev.data.tool_calls || []).some(c => c.name.startsWith("scene_"))) sceneLink.hidden = false;
     if (ev.type.startsWith("run.") || ev.type.startsWith("interrupt.") || ev.type === "step.completed") {
       run = await get(`/v1/runs/${runId}`);
       showHead();
