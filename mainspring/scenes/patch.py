@@ -89,13 +89,16 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> Patch:
 
 
 def patch_schema(doc: dict[str, Any], max_ops: int = 6, structural: bool = False,
-                 object_schema: dict[str, Any] | None = None) -> dict[str, Any]:
+                 object_schema: dict[str, Any] | None = None, rotations: bool = True) -> dict[str, Any]:
     """The decoding schema of a revision of `doc`: {"patch": [operation, ...]} with 1..max_ops
     operations that replace a number or a vector `doc` has (a whole vector or one component), or
     add a rotation an object lacks. `structural` also allows removing an object and appending
     one (`object_schema`, e.g. a decoding schema's object union; its $refs must resolve in the
-    schema this one is merged into)."""
+    schema this one is merged into). Without `rotations`, no rotation may be added (a small model
+    reaches for the first operation it is allowed, useful or not)."""
     scalars, vectors, additions = _pointers(doc)
+    if not rotations:
+        additions = [p for p in additions if not p.endswith("/rotation_deg")]
     branches: list[dict[str, Any]] = []
     if scalars:
         branches.append(_op("replace", {"enum": scalars}, {"type": "number"}))

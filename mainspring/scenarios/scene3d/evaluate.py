@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from mainspring.scenarios.scene3d.briefs import Brief
 from mainspring.scenes.checks import check_constraints
@@ -46,18 +46,25 @@ class BriefScore:
 def evaluate(scene_doc: dict[str, Any] | str | bytes, brief: Brief, base_dir: Path | None = None,
              frame: Frame | None = None) -> BriefScore:
     """Measure the brief's constraints on `scene_doc` (a frame already rendered may be passed)."""
+    return score_constraints(scene_doc, brief.id, brief.objects, brief.constraints, base_dir, frame)
+
+
+def score_constraints(scene_doc: dict[str, Any] | str | bytes, name: str, objects: Sequence[str],
+                      constraints: Sequence[Any], base_dir: Path | None = None,
+                      frame: Frame | None = None) -> BriefScore:
+    """The same measure for any list of constraints and required ids (a design thread's pinned ones)."""
     scene, violations = parse_scene(scene_doc, base_dir)
     if scene is None:
-        return BriefScore(brief.id, False, violations, [], [])
+        return BriefScore(name, False, violations, [], [])
     try:
         world = build_world(scene, base_dir)
     except SceneError as exc:
-        return BriefScore(brief.id, False, [Violation("$", str(exc))], [], [])
+        return BriefScore(name, False, [Violation("$", str(exc))], [], [])
     present = set(world.by_id)
-    missing = [oid for oid in brief.objects if oid not in present]
+    missing = [oid for oid in objects if oid not in present]
     runnable, results = [], {}
-    for i, c in enumerate(brief.constraints):
-        absent = [oid for oid in _refs(c) if oid not in present]
+    for i, c in enumerate(constraints):
+        absent = [oid for oid in constraint_refs(c) if oid not in present]
         if absent:
             results[i] = result(i, c, False, "missing", None, "", f"missing object(s): {', '.join(absent)}")
         else:
@@ -65,10 +72,11 @@ def evaluate(scene_doc: dict[str, Any] | str | bytes, brief: Brief, base_dir: Pa
     report = check_constraints(world, [c for _, c in runnable], frame=frame)
     for (i, _), r in zip(runnable, report.results):
         results[i] = ConstraintResult(i, r.type, r.label, r.passed, r.quantity, r.value, r.unit, r.detail)
-    return BriefScore(brief.id, True, [], missing, [results[i] for i in range(len(brief.constraints))])
+    return BriefScore(name, True, [], missing, [results[i] for i in range(len(constraints))])
 
 
-def _refs(c) -> list[str]:
+def constraint_refs(c: Any) -> list[str]:
+    """The object ids a constraint names (none for one over every object)."""
     refs = [getattr(c, name) for name in ("a", "b") if getattr(c, name, None) is not None]
     ids = getattr(c, "ids", "*")
     return refs + ([] if ids == "*" else list(ids))
