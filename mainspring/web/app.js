@@ -9,6 +9,7 @@ const ROUTES = [
   [/^#\/plans$/, "plans", () => import("./pages/plans.js")],
   [/^#\/costs$/, "costs", () => import("./pages/costs.js")],
   [/^#\/scenes(?:\/([\w-]+))?$/, "scenes", () => import("./pages/scenes.js")],
+  [/^#\/training(?:\/([\w-]+))?$/, "training", () => import("./pages/training.js")],
   [/^(?:#\/runs)?$/, "runs", () => import("./pages/runs.js")],
 ];
 
