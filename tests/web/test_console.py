@@ -108,7 +108,8 @@ def test_approve_resumes_a_waiting_run_and_the_audit_chain_verifies(srv, console
     assert wait_status(srv, run["id"], TERMINAL)["status"] == "succeeded"
     assert srv.tools["guarded"].calls == [{"text": "open the door"}]
     page.locator("#timeline .ev.end", has_text="succeeded").wait_for()
-    page.locator("#approvals", has_text="No tool call waits for approval.").wait_for()
+    card.wait_for(state="detached")  # the decided call's card is gone, and the page says nothing waits
+    assert page.locator("#approvals p.empty").is_visible()
 
     page.get_by_role("button", name="Verify chain").click()  # the server checks the chain; the page shows it
     page.locator("#audit-verdict.ok", has_text="Chain intact").wait_for()
@@ -117,6 +118,36 @@ def test_approve_resumes_a_waiting_run_and_the_audit_chain_verifies(srv, console
     lines = Path(dl.value.path()).read_text().splitlines()
     assert lines and all(json.loads(line)["hash"] for line in lines)
     c.shot("run-audit")
+    no_errors(c)
+
+
+def test_edit_runs_the_call_with_other_arguments_and_reject_tells_the_model(srv, console):
+    make_agent(srv, "gate", ["guarded"])
+    edited, rejected = (start_run(srv, "gate", goal) for goal in ("open the front door", "open the safe"))
+    c = console(srv.url)
+    wait_status(srv, edited["id"], ("waiting_approval",))
+    page = c.open(f"#/runs/{edited['id']}")
+    card = page.get_by_role("article", name="Approval for guarded")
+    card.locator("summary", has_text="Edit the arguments").click()
+    box = card.get_by_label("Arguments (JSON object)")
+    box.fill("{not json")
+    card.get_by_role("button", name="Run with these arguments").click()
+    page.locator("#status", has_text="not JSON").wait_for()  # refused in the page: nothing was sent
+    assert wait_status(srv, edited["id"], ("waiting_approval",))
+    box.fill('{"text": "open the back door"}')
+    card.get_by_role("button", name="Run with these arguments").click()
+    assert wait_status(srv, edited["id"], TERMINAL)["status"] == "succeeded"
+    assert srv.tools["guarded"].calls == [{"text": "open the back door"}]
+
+    wait_status(srv, rejected["id"], ("waiting_approval",))
+    page = c.open(f"#/runs/{rejected['id']}")
+    card = page.get_by_role("article", name="Approval for guarded")
+    card.get_by_label("Comment for the model (on reject)").fill("not the safe")
+    card.get_by_role("button", name="Reject").click()
+    done = wait_status(srv, rejected["id"], TERMINAL)
+    assert srv.tools["guarded"].calls == [{"text": "open the back door"}]  # the rejected call never ran
+    assert "not the safe" in done["result"]  # the model was told why
+    page.locator("#timeline .ev", has_text="Approval reject").wait_for()
     no_errors(c)
 
 

@@ -44,29 +44,50 @@ export async function render(main, runId) {
                             act("cancel", "Cancel", live));
   }
 
+  const cards = new Map();  // interrupt id -> its card
+  const empty = h("p", {class: "empty"}, "No tool call waits for approval.");
+  approvals.append(h("h3", {id: "approvals-h"}, "Waiting for you"), empty);
+
   async function showApprovals() {
     const pending = (await get("/v1/interrupts", {run_id: runId})).data;
-    approvals.replaceChildren(h("h3", {id: "approvals-h"}, "Waiting for you"));
-    if (!pending.length) { approvals.append(h("p", {class: "empty"}, "No tool call waits for approval.")); return; }
-    for (const i of pending) {
+    const ids = new Set(pending.map(i => i.id));
+    for (const [id, card] of cards) if (!ids.has(id)) { card.remove(); cards.delete(id); }
+    empty.hidden = pending.length > 0;
+    for (const i of pending.filter(i => !cards.has(i.id))) {  // a card kept keeps what the user typed in it
       const comment = h("input", {id: `c-${i.id}`, type: "text", name: "comment"});
+      const edited = h("textarea", {id: `e-${i.id}`, name: "arguments", rows: 4, spellcheck: "false"},
+                       pretty(i.tool_call.arguments));
       const decide = (decision) => async () => {
+        const body = {decision};
+        if (decision === "reject" && comment.value) body.comment = comment.value;
+        if (decision === "edit") {
+          try { body.arguments = JSON.parse(edited.value); } catch (e) {
+            notify(`The arguments are not JSON: ${e.message}`);
+            edited.focus();
+            return;
+          }
+        }
         try {
-          await post(`/v1/interrupts/${i.id}/resolve`, {decision, ...(decision === "reject" && comment.value ?
-            {comment: comment.value} : {})});
-          notify(`${decision === "approve" ? "Approved" : "Rejected"} ${i.tool_call.name}`);
+          await post(`/v1/interrupts/${i.id}/resolve`, body);
+          notify(`${{approve: "Approved", reject: "Rejected", edit: "Ran with edited arguments:"}[decision]} ` +
+                 `${i.tool_call.name}`);
           run = await get(`/v1/runs/${runId}`);
           showHead();
           await showApprovals();
         } catch (e) { notify(`Failed: ${e.message}`); }
       };
-      approvals.append(h("article", {class: "approval", "aria-label": `Approval for ${i.tool_call.name}`},
+      const card = h("article", {class: "approval", "aria-label": `Approval for ${i.tool_call.name}`},
         h("p", {}, "Tool ", h("code", {}, i.tool_call.name || "?"), " wants to run with:"),
         h("pre", {}, pretty(i.tool_call.arguments)),
-        h("label", {for: `c-${i.id}`}, "Comment for the model (on reject)"), comment,
         h("div", {class: "row"},
           h("button", {type: "button", class: "approve", onclick: decide("approve")}, "Approve"),
-          h("button", {type: "button", class: "reject", onclick: decide("reject")}, "Reject"))));
+          h("button", {type: "button", class: "reject", onclick: decide("reject")}, "Reject")),
+        h("label", {for: `c-${i.id}`}, "Comment for the model (on reject)"), comment,
+        h("details", {}, h("summary", {}, "Edit the arguments"),
+          h("label", {for: `e-${i.id}`}, "Arguments (JSON object)"), edited,
+          h("div", {class: "row"}, h("button", {type: "button", onclick: decide("edit")}, "Run with these arguments"))));
+      cards.set(i.id, card);
+      approvals.append(card);
     }
   }
 
