@@ -281,7 +281,12 @@ def _register_subcommands() -> None:
                   "question (every number cited and verified), eval")
     app.command("review", help="review comments on a diff (a file, - for stdin, or --staged): file:line: comment, "
                                "or JSON")(review_cmd)
-    app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export")
+    from mainspring.scenarios.scene3d.chat_cli import chat_cmd as scene_chat_cmd
+
+    # the design dialogue lives with its scenario (it drives a model); it is offered beside the scene tools
+    scene_app.command("chat", help="Design a scene over several turns; every agreed constraint is re-checked "
+                                   "and kept")(scene_chat_cmd)
+    app.add_typer(scene_app, name="scene", help="3D scenes: validate, check, render, export, chat")
     app.command("perplexity", help="perplexity of a text file under a KV policy "
                                    "(window, sinks, cold tier)")(perplexity_cmd)
     app.command("train", help="RL post-training (GRPO) across domains: evaluate, gate, export, report")(train_cmd)

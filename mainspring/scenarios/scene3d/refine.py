@@ -131,7 +131,7 @@ class Spend:
 class RefineResult:
     name: str
     doc: Any  # the final scene (None if none was ever written)
-    stop_reason: str  # "passed" | "max_rounds" | "budget" | "no_scene"
+    stop_reason: str  # "passed" | "max_rounds" | "budget" | "no_scene" (none written, or nothing to patch)
     rounds: list[Round]
     spend: Spend
     messages: list[Message] = field(default_factory=list)
@@ -238,8 +238,11 @@ async def revise(model: ChatModel, messages: list[Message], doc: dict[str, Any],
         messages.append({"role": "user", "content": revision_request(doc, score, target, refused)})
         # a rotation is offered only where a check is about direction
         turn = any(getattr(c, "type", "") == "facing" for c in target.constraints)
-        r = await call(model, messages, patch_format(doc, config.max_ops, rotations=turn), config.patch_max_tokens,
-                       config, spend, len(rounds), "patch")
+        try:
+            fmt = patch_format(doc, config.max_ops, rotations=turn)
+        except PatchError:  # nothing to point at (an upstream that ignored the scene format)
+            return doc, score, "no_scene"
+        r = await call(model, messages, fmt, config.patch_max_tokens, config, spend, len(rounds), "patch")
         revised, r.patch, refused = apply_answer(doc, r.text, target, score)
         r.error = refused
         if revised is not None:

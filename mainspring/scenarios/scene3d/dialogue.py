@@ -1,0 +1,233 @@
+"""The design dialogue: a thread of user turns over one scene, keeping what was agreed.
+
+Thread state = the conversation, the current scene and the pinned constraints (every constraint
+agreed so far, with the turn that agreed it). A user turn ("make the table longer, keep the
+chairs where they are") becomes one model answer {"patch": [...], "constraints": [...]}: the
+edit as a JSON Patch (which may also add or remove objects) and the constraints the request
+adds or changes. A constraint with the type and objects of a pinned one replaces it (changed);
+any other is pinned as new. The caller may pin constraints of its own with the turn.
+
+After every turn all pinned constraints are re-checked. One that passed before the turn and
+fails after it is reported as broken by the edit, and repair rounds (refine.revise, with the
+pinned list as the target) try to restore it. The edit itself is applied even when it breaks
+something (it is what the user asked for); what is never accepted silently is the breakage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from pydantic import TypeAdapter, ValidationError
+
+from mainspring.models.base import ChatModel, Message
+from mainspring.scenarios.scene3d.evaluate import BriefScore, constraint_refs
+from mainspring.scenarios.scene3d.refine import (RefineConfig, Render, Round, Spend, Target, call, first_messages,
+                                                 patch_format, revise, scene_format)
+from mainspring.scenes.checks.result import label
+from mainspring.scenes.constraint_model import Constraint
+from mainspring.scenes.patch import PatchError, apply_patch, dumps
+from mainspring.scenes.schema import decoding_schema
+
+_CONSTRAINT = TypeAdapter(Constraint)
+
+TURN_RULES = (
+    "Answer {\"patch\":[operations],\"constraints\":[...]}: the edit as a JSON Patch (RFC 6902; replace a "
+    "value by its pointer, add an object at /objects/-, remove /objects/INDEX), and the constraints this "
+    "request adds or changes (none if it adds none). Keep every agreed constraint true."
+)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    constraint: Any  # a scene constraint model (mainspring.scenes.constraint_model)
+    turn: int  # the turn that agreed it (0 = the opening request)
+
+    @property
+    def key(self) -> tuple:
+        """What identifies an agreement: a later constraint with the same key changes it."""
+        c = self.constraint
+        return (c.type, getattr(c, "a", None), getattr(c, "b", None), str(getattr(c, "ids", None)))
+
+    @property
+    def label(self) -> str:
+        return label(self.constraint)
+
+
+@dataclass
+class TurnResult:
+    turn: int
+    request: str
+    rounds: list[Round]
+    edit_error: str | None = None  # why the edit was not applied
+    added: list[str] = field(default_factory=list)  # labels pinned as new this turn
+    changed: list[str] = field(default_factory=list)  # labels whose pinned form this turn replaced
+    rejected: list[str] = field(default_factory=list)  # constraints the answer gave that do not parse
+    broken: list[str] = field(default_factory=list)  # pinned labels that passed before the edit and fail after it
+    score: BriefScore | None = None  # every pinned constraint on the scene at the end of the turn
+    stop_reason: str = ""
+
+    @property
+    def failing(self) -> list[str]:
+        return [r.label for r in self.score.results if not r.passed] if self.score else []
+
+    @property
+    def repaired(self) -> bool:
+        """Whatever the edit broke holds again at the end of the turn."""
+        return not (set(self.broken) & set(self.failing))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "request": self.request, "edit_error": self.edit_error, "added": self.added,
+                "changed": self.changed, "rejected": self.rejected, "broken": self.broken,
+                "repaired": self.repaired, "failing": self.failing, "stop_reason": self.stop_reason,
+                "rounds": [r.to_dict() for r in self.rounds]}
+
+
+@dataclass
+class DesignThread:
+    messages: list[Message]
+    doc: dict[str, Any] | None
+    pinned: list[Pinned]
+    config: RefineConfig
+    spend: Spend
+    turns: list[TurnResult] = field(default_factory=list)
+
+    def object_ids(self) -> list[str]:
+        return [o["id"] for o in (self.doc or {}).get("objects", []) if isinstance(o, dict) and "id" in o]
+
+    def target(self) -> Target:
+        required = list(dict.fromkeys(oid for p in self.pinned for oid in constraint_refs(p.constraint)))
+        return Target("design", required, [p.constraint for p in self.pinned])
+
+    def pin(self, constraints: Sequence[Any], turn: int) -> tuple[list[str], list[str]]:
+        """Pin `constraints`: (labels added, labels changed)."""
+        added, changed = [], []
+        for c in constraints:
+            new = Pinned(c, turn)
+            at = next((i for i, p in enumerate(self.pinned) if p.key == new.key), None)
+            if at is None:
+                self.pinned.append(new)
+                added.append(new.label)
+            elif self.pinned[at].constraint != c:
+                self.pinned[at] = new
+                changed.append(new.label)
+        return added, changed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"doc": self.doc, "pinned": [{"constraint": p.constraint.model_dump(), "turn": p.turn}
+                                            for p in self.pinned],
+                "turns": [t.to_dict() for t in self.turns], "tokens": self.spend.to_dict()}
+
+
+def parse_constraints(values: Any) -> tuple[list[Any], list[str]]:
+    """Constraint models from JSON values, and a message per value that is not one."""
+    ok, bad = [], []
+    for v in values if isinstance(values, list) else []:
+        try:
+            ok.append(_CONSTRAINT.validate_python(v))
+        except ValidationError as exc:
+            bad.append(f"{dumps(v)}: {exc.errors()[0]['msg']}")
+    return ok, bad
+
+
+def turn_format(doc: dict[str, Any], config: RefineConfig) -> dict[str, Any]:
+    """The answer of a turn: a structural patch of `doc` and constraints over its ids."""
+    ids = [o["id"] for o in doc.get("objects", []) if isinstance(o, dict) and "id" in o]
+    scene = decoding_schema(ids or None)
+    defs = scene["$defs"]
+    shapes = [name for name in ("Box", "Sphere", "Cylinder", "Capsule", "Torus", "Plane") if name in defs]
+    extra = {"properties": {"constraints": scene["properties"]["constraints"]}, "required": ["constraints"],
+             "$defs": defs}
+    fmt = patch_format(doc, config.max_ops, structural=True, extra=extra)
+    fmt["json_schema"]["schema"]["properties"]["patch"]["items"]["anyOf"][-1]["properties"]["value"] = {
+        "anyOf": [{"$ref": f"#/$defs/{name}"} for name in shapes]}
+    fmt["json_schema"]["name"] = "scene_edit"
+    return fmt
+
+
+def _turn_request(thread: DesignThread, text: str) -> str:
+    agreed = ", ".join(p.label for p in thread.pinned) or "none yet"
+    return f"{text}\nAgreed constraints: {agreed}.\nThe scene now: {dumps(thread.doc)}\n{TURN_RULES}"
+
+
+async def _check_and_repair(model: ChatModel, thread: DesignThread, result: TurnResult, before: set[str],
+                            render: Render | None) -> None:
+    target = thread.target()
+    score = target.score(thread.doc)
+    result.broken = [r.label for r in score.results if r.label in before and not r.passed]
+    if thread.doc is not None:
+        thread.doc, score, result.stop_reason = await revise(model, thread.messages, thread.doc, score, target,
+                                                             thread.config, thread.spend, result.rounds, render)
+    result.score = score
+
+
+def _passing(thread: DesignThread) -> set[str]:
+    if thread.doc is None or not thread.pinned:
+        return set()
+    return {r.label for r in thread.target().score(thread.doc).results if r.passed}
+
+
+async def start_thread(model: ChatModel, request: str, object_ids: Sequence[str], constraints: Sequence[Any] = (),
+                       config: RefineConfig | None = None, render: Render | None = None) -> DesignThread:
+    """Open a thread: the first scene for `request` (exactly `object_ids`), `constraints` pinned
+    as turn 0's agreement and repaired towards."""
+    config = config or RefineConfig()
+    thread = DesignThread(first_messages(request), None, [], config, Spend(config.token_budget))
+    result = TurnResult(0, request, [])
+    result.added, _ = thread.pin(constraints, 0)
+    first = await call(model, thread.messages, scene_format(object_ids), config.scene_max_tokens, config,
+                       thread.spend, 0, "write")
+    result.rounds.append(first)
+    try:
+        doc = json.loads(first.text)
+        thread.doc = doc if isinstance(doc, dict) else None
+    except ValueError as exc:
+        result.edit_error = first.error = f"the scene is not JSON: {exc}"
+    first.applied = thread.doc is not None
+    first.score = thread.target().score(thread.doc if thread.doc is not None else first.text)
+    await _check_and_repair(model, thread, result, set(), render)
+    thread.turns.append(result)
+    return thread
+
+
+async def user_turn(model: ChatModel, thread: DesignThread, text: str, constraints: Sequence[Any] = (),
+                    render: Render | None = None) -> TurnResult:
+    """One user turn: the model's edit and constraints, the caller's `constraints`, then every
+    pinned constraint re-checked and what the edit broke repaired."""
+    n = len(thread.turns)
+    result = TurnResult(n, text, [])
+    if thread.doc is None:
+        result.edit_error = "there is no scene to edit"
+        thread.turns.append(result)
+        return result
+    before = _passing(thread)
+    thread.messages.append({"role": "user", "content": _turn_request(thread, text)})
+    # an edit may carry whole new objects and constraints: twice a repair's room
+    edit = await call(model, thread.messages, turn_format(thread.doc, thread.config),
+                      thread.config.patch_max_tokens * 2, thread.config, thread.spend, 0, "edit")
+    result.rounds.append(edit)
+    try:
+        answer = json.loads(edit.text)
+        if not isinstance(answer, dict):
+            raise ValueError("not an object")
+        edited = apply_patch(thread.doc, answer.get("patch", []))
+        problems = [f"{v.path}: {v.message}" for v in Target("edit", [], []).score(edited).violations]
+        if problems:
+            raise PatchError(f"it makes the scene invalid ({'; '.join(problems[:6])})")
+        thread.doc, edit.patch, edit.applied = edited, answer.get("patch"), True
+        new, result.rejected = parse_constraints(answer.get("constraints"))
+    except (ValueError, PatchError) as exc:  # PatchError is a ValueError; said apart for the reader
+        result.edit_error = edit.error = f"the edit was not applied: {exc}"
+        new = []
+    added, changed = thread.pin([*new, *constraints], n)
+    result.added, result.changed = added, changed
+    edit.score = thread.target().score(thread.doc)
+    # a changed agreement is the user's new word, not something the edit broke
+    await _check_and_repair(model, thread, result, before - set(changed), render)
+    thread.turns.append(result)
+    return result
+
+
+__all__ = ["DesignThread", "Pinned", "TURN_RULES", "TurnResult", "parse_constraints", "start_thread", "turn_format",
+           "user_turn"]
