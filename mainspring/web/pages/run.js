@@ -39,7 +39,7 @@ export async function render(main, runId) {
       catch (e) { notify(`${label} failed: ${e.message}`); }
     }}, label);
     const live = !TERMINAL.has(run.status);
-    actions.replaceChildren(act("pause", "Pause", live && run.status !== "paused"),
+    actions.replaceChildren(act("pause", "Pause", run.status === "queued" || run.status === "running"),
                             act("resume", "Resume", run.status === "paused"),
                             act("cancel", "Cancel", live));
   }
