@@ -100,12 +100,22 @@ def render_cmd(path: Path = SceneFile,
 @app.command("export")
 def export_cmd(path: Path = SceneFile,
                out: Optional[Path] = typer.Option(None, "--out", "-o",
-                                                  help=".glb to write (default: FILE.glb)")) -> None:
-    """Export to glTF 2.0 binary (.glb) with lights, camera and the source in node extras."""
+                                                  help=".glb to write (default: FILE.glb); .usda/.usdc/.usd "
+                                                       "writes USD (needs usd-core)")) -> None:
+    """Export to glTF 2.0 binary (.glb) with lights, camera and the source in node extras, or to USD."""
     from mainspring.scenes.gltf_export import to_glb
 
     world = _world(path)
     out = out or path.with_suffix(".glb")
+    if out.suffix in (".usda", ".usdc", ".usd"):
+        from mainspring.scenes.usd_export import write_usd
+
+        try:
+            write_usd(world.scene, out, path.parent, world)
+        except SceneError as exc:
+            fail(str(exc))
+        typer.echo(f"wrote {out} ({out.stat().st_size:,} bytes, {len(world.placed)} objects)")
+        return
     data = to_glb(world.scene, path.parent, world)
     _write(out, data)
     typer.echo(f"wrote {out} ({len(data):,} bytes, {len(world.placed)} objects)")
