@@ -25,25 +25,28 @@ function headers(extra = {}) {
   return k ? {...extra, Authorization: `Bearer ${k}`} : extra;
 }
 
-async function failure(r) {
+async function failure(r, sentKey) {
   let body = null;
   try { body = await r.json(); } catch { /* not JSON: the status says enough */ }
   const err = new ApiError(r.status, body);
-  if (r.status === 401) onUnauthorized(err);
+  // a refusal of a key the user has since replaced is old news: no need to ask again
+  if (r.status === 401 && sentKey === key.get()) onUnauthorized(err);
   return err;
 }
 
 export async function get(path, params = {}) {
   const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== "" && v != null));
+  const sent = key.get();
   const r = await fetch(q.size ? `${path}?${q}` : path, {headers: headers()});
-  if (!r.ok) throw await failure(r);
+  if (!r.ok) throw await failure(r, sent);
   return path.endsWith(".jsonl") ? r.text() : r.json();
 }
 
 export async function post(path, body = {}) {
+  const sent = key.get();
   const r = await fetch(path, {method: "POST", headers: headers({"Content-Type": "application/json"}),
                                body: JSON.stringify(body)});
-  if (!r.ok) throw await failure(r);
+  if (!r.ok) throw await failure(r, sent);
   return r.json();
 }
 
@@ -51,15 +54,17 @@ export async function post(path, body = {}) {
 export async function raw(path, {method = "GET", json} = {}) {
   const init = {method, headers: headers(json === undefined ? {} : {"Content-Type": "application/json"})};
   if (json !== undefined) init.body = JSON.stringify(json);
+  const sent = key.get();
   const r = await fetch(path, init);
-  if (!r.ok) throw await failure(r);
+  if (!r.ok) throw await failure(r, sent);
   return r;
 }
 
 /** A file download of an authenticated GET (an <a href> cannot send the Bearer header). */
 export async function download(path, filename) {
+  const sent = key.get();
   const r = await fetch(path, {headers: headers()});
-  if (!r.ok) throw await failure(r);
+  if (!r.ok) throw await failure(r, sent);
   const url = URL.createObjectURL(await r.blob());
   const a = Object.assign(document.createElement("a"), {href: url, download: filename});
   document.body.append(a);
@@ -82,8 +87,9 @@ export function follow(path, onEvent, onEnd = () => {}) {
       try {
         const hs = headers({Accept: "text/event-stream"});
         if (last !== null) hs["Last-Event-ID"] = String(last);
+        const sent = key.get();
         const r = await fetch(path, {headers: hs, signal: ctl.signal});
-        if (!r.ok) { await failure(r); onEnd(); return; }
+        if (!r.ok) { await failure(r, sent); onEnd(); return; }
         const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
         let buf = "";
         for (;;) {

@@ -51,8 +51,9 @@ async function showWho() {
 function askForKey(reason) {
   document.getElementById("key-reason").textContent = reason ||
     "Enter an API key. The console then shows only that key's project.";
+  if (dialog.open) return;  // several requests may be refused at once: what the user is typing stays
   document.getElementById("key-input").value = "";
-  if (!dialog.open) dialog.showModal();
+  dialog.showModal();
 }
 
 whenUnauthorized(err => askForKey(key.get() ? `The key was refused: ${err.message}` :

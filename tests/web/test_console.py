@@ -242,6 +242,9 @@ def test_with_auth_the_console_asks_for_a_key_and_shows_only_its_project(authed,
     dialog.wait_for()  # the API answered 401: the page asks instead of showing anything
     assert page.locator("#runs-list tbody tr").count() == 0
     c.shot("auth-key")
+    dialog.get_by_label("Key").fill("sk-not-a-key")
+    dialog.get_by_role("button", name="Use key").click()
+    dialog.locator("#key-reason", has_text="The key was refused").wait_for()  # asked again, saying why
     dialog.get_by_label("Key").fill(authed["alpha"].secret)
     dialog.get_by_role("button", name="Use key").click()
     page.locator("#runs-list tbody tr", has_text=alpha_run["id"]).wait_for()
