@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import Any, Sequence
 
 import jsonpatch
 import jsonpointer
@@ -89,14 +89,17 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> Patch:
 
 
 def patch_schema(doc: dict[str, Any], max_ops: int = 6, structural: bool = False,
-                 object_schema: dict[str, Any] | None = None, rotations: bool = True) -> dict[str, Any]:
+                 object_schema: dict[str, Any] | None = None, rotations: bool = True,
+                 objects: Sequence[str] | None = None, camera: bool = True) -> dict[str, Any]:
     """The decoding schema of a revision of `doc`: {"patch": [operation, ...]} with 1..max_ops
     operations that replace a number or a vector `doc` has (a whole vector or one component), or
     add a rotation an object lacks. `structural` also allows removing an object and appending
     one (`object_schema`, e.g. a decoding schema's object union; its $refs must resolve in the
     schema this one is merged into). Without `rotations`, no rotation may be added (a small model
-    reaches for the first operation it is allowed, useful or not)."""
-    scalars, vectors, additions = _pointers(doc)
+    reaches for the first operation it is allowed, useful or not). `objects` narrows the pointers
+    to those objects' (in that order: a model tends to take the first one offered), `camera`
+    says whether the camera may change."""
+    scalars, vectors, additions = _pointers(doc, objects, camera)
     if not rotations:
         additions = [p for p in additions if not p.endswith("/rotation_deg")]
     branches: list[dict[str, Any]] = []
@@ -130,7 +133,8 @@ def _vector(length: int) -> dict[str, Any]:
     return {"type": "array", "items": {"type": "number"}, "minItems": length, "maxItems": length}
 
 
-def _pointers(doc: dict[str, Any]) -> tuple[list[str], dict[int, list[str]], list[str]]:
+def _pointers(doc: dict[str, Any], only: Sequence[str] | None = None,
+              camera_too: bool = True) -> tuple[list[str], dict[int, list[str]], list[str]]:
     """JSON pointers of `doc`'s numbers, of its vectors by length, and of rotations it may add."""
     scalars: list[str] = []
     vectors: dict[int, list[str]] = {}
@@ -141,9 +145,11 @@ def _pointers(doc: dict[str, Any]) -> tuple[list[str], dict[int, list[str]], lis
             vectors.setdefault(len(value), []).append(base)
             scalars.extend(f"{base}/{k}" for k in range(len(value)))
 
-    for i, obj in enumerate(doc.get("objects") or []):
-        if not isinstance(obj, dict):
-            continue
+    listed = [(i, o) for i, o in enumerate(doc.get("objects") or []) if isinstance(o, dict)]
+    if only is not None:
+        rank = {oid: n for n, oid in enumerate(only)}
+        listed = sorted((item for item in listed if item[1].get("id") in rank), key=lambda item: rank[item[1]["id"]])
+    for i, obj in listed:
         base = f"/objects/{i}"
         for key in _OBJECT_SCALARS:
             if _is_number(obj.get(key)):
@@ -156,7 +162,7 @@ def _pointers(doc: dict[str, Any]) -> tuple[list[str], dict[int, list[str]], lis
             elif key == "position":
                 additions.append(f"{base}/{key}")  # an unplaced object sits at the origin until given one
     camera = doc.get("camera")
-    if isinstance(camera, dict):
+    if isinstance(camera, dict) and camera_too:
         for key in _CAMERA_VECTORS:
             vector(f"/camera/{key}", camera.get(key))
         if _is_number(camera.get("yfov_deg")):

@@ -95,3 +95,19 @@ def test_a_structural_patch_schema_adds_and_removes_objects(compiler):
     assert accepts(compiler, schema, dumps(ok))
     revised = apply_patch(room, ok)
     assert revised["objects"][-1] == lamp and len(revised["objects"]) == len(room["objects"])
+
+
+def test_the_patch_schema_narrows_to_named_objects_in_order():
+    room = living_room()
+    ids = [o["id"] for o in room["objects"]]
+    chosen = [ids[3], ids[1]]
+    schema = patch_schema(room, objects=chosen, camera=False, rotations=False)
+    paths = [p for branch in schema["properties"]["patch"]["items"]["anyOf"] for p in branch["properties"]["path"]
+             .get("enum", [])]
+    assert paths and {p.split("/")[2] for p in paths} == {"3", "1"}
+    assert paths[0].startswith("/objects/3/")  # the first named comes first
+    assert not any(p.startswith("/camera") for p in paths)
+    assert {branch["properties"]["op"]["const"] for branch in schema["properties"]["patch"]["items"]["anyOf"]} == {
+        "replace"}  # no rotation to add
+    with pytest.raises(PatchError, match="nothing a patch could change"):
+        patch_schema(room, objects=["nobody"], camera=False)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from mainspring.models.base import ChatModel, Message
 from mainspring.scenarios.scene3d.briefs import Brief
 from mainspring.scenarios.scene3d.evaluate import BriefScore, score_constraints
-from mainspring.scenarios.scene3d.feedback import check_feedback
+from mainspring.scenarios.scene3d.feedback import check_feedback, involved_ids
 from mainspring.scenarios.scene3d.generate import SYSTEM_PROMPT
 from mainspring.scenes.patch import PatchError, apply_patch, dumps, patch_schema
 from mainspring.scenes.schema import decoding_schema
@@ -162,8 +162,9 @@ def scene_format(objects: Sequence[str]) -> dict[str, Any]:
 
 
 def patch_format(doc: dict[str, Any], max_ops: int, structural: bool = False,
-                 extra: dict[str, Any] | None = None, rotations: bool = True) -> dict[str, Any]:
-    schema = patch_schema(doc, max_ops, structural, rotations=rotations)
+                 extra: dict[str, Any] | None = None, rotations: bool = True,
+                 objects: Sequence[str] | None = None, camera: bool = True) -> dict[str, Any]:
+    schema = patch_schema(doc, max_ops, structural, rotations=rotations, objects=objects, camera=camera)
     if extra:
         schema["properties"].update(extra.get("properties", {}))
         schema["required"] += extra.get("required", [])
@@ -216,6 +217,23 @@ def apply_answer(doc: dict[str, Any], text: str, target: Target,
     return revised, patch, None
 
 
+_VIEW_CHECKS = ("visible_in_camera", "in_frame")
+
+
+def revision_scope(doc: dict[str, Any], score: BriefScore, target: Target) -> dict[str, Any]:
+    """What a revision may touch: the objects the failed checks are about (their `a` first: the
+    one a relation places), the camera only when a view check failed, a rotation only when a
+    facing check did. An invalid scene may need anything fixed."""
+    if not score.valid:
+        return {}
+    failed = [(r, target.constraints[r.index]) for r in score.results if not r.passed]
+    ids: list[str] = [oid for oid in score.missing]
+    for r, c in failed:
+        ids += [oid for oid in involved_ids(r, c, doc) if oid not in ids]
+    return {"objects": ids or None, "camera": any(r.type in _VIEW_CHECKS for r, _ in failed),
+            "rotations": any(r.type == "facing" for r, _ in failed)}
+
+
 def revision_request(doc: dict[str, Any], score: BriefScore, target: Target, refused: str | None = None) -> str:
     parts = [refused] if refused else []
     parts += [check_feedback(doc, score, target.constraints), f"The scene now: {dumps(doc)}", PATCH_RULES]
@@ -236,10 +254,8 @@ async def revise(model: ChatModel, messages: list[Message], doc: dict[str, Any],
         if spend.exhausted:
             return doc, score, "budget"
         messages.append({"role": "user", "content": revision_request(doc, score, target, refused)})
-        # a rotation is offered only where a check is about direction
-        turn = any(getattr(c, "type", "") == "facing" for c in target.constraints)
         try:
-            fmt = patch_format(doc, config.max_ops, rotations=turn)
+            fmt = patch_format(doc, config.max_ops, **revision_scope(doc, score, target))
         except PatchError:  # nothing to point at (an upstream that ignored the scene format)
             return doc, score, "no_scene"
         r = await call(model, messages, fmt, config.patch_max_tokens, config, spend, len(rounds), "patch")
