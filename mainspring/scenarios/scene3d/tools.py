@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from mainspring.agents.tools.base import Artifact, ToolContext, ToolError, ToolResult
 from mainspring.config import Settings
+from mainspring.scenes.render_settings import RenderSettings
 from mainspring.scenes.schema import scene_json_schema
 from mainspring.scenes.validate import validate
 
@@ -43,25 +44,26 @@ def job_result_from_files(exit_status: int, files: dict[str, bytes], out_dir: st
     return RenderJobResult(exit_status, report, files.get(f"{out_dir}/preview.png"))
 
 
-def render_in_process(doc: dict[str, Any]) -> RenderJobResult:
+def render_in_process(doc: dict[str, Any], settings: RenderSettings | None = None) -> RenderJobResult:
     """Run the render job in this process, in a temporary folder."""
     from mainspring.scenes import render_job
 
     with tempfile.TemporaryDirectory(prefix="scene-render-") as tmp:
         work = Path(tmp)
         (work / "scene.json").write_text(json.dumps(doc), encoding="utf-8")
-        status = render_job.run(work / "scene.json", work / "out")
+        status = render_job.run(work / "scene.json", work / "out", settings=settings)
         files = {f"out/{p.name}": p.read_bytes() for p in (work / "out").iterdir()}
     return job_result_from_files(status, files)
 
 
-def render_in_sandbox(sandbox, doc: dict[str, Any], cancel=None) -> RenderJobResult:
+def render_in_sandbox(sandbox, doc: dict[str, Any], cancel=None,
+                      settings: RenderSettings | None = None) -> RenderJobResult:
     """Run the render job in `sandbox` (a mainspring.sandbox.Sandbox) under the render profile."""
     from mainspring.sandbox import SandboxError
 
+    command = RENDER_JOB_COMMAND + (settings.job_args() if settings else [])
     try:
-        result = sandbox.run(RENDER_JOB_COMMAND, {"scene.json": json.dumps(doc).encode()}, RENDER_PROFILE,
-                             cancel=cancel)
+        result = sandbox.run(command, {"scene.json": json.dumps(doc).encode()}, RENDER_PROFILE, cancel=cancel)
     except SandboxError as exc:
         raise ToolError(f"the sandbox could not render: {exc}") from exc
     job = job_result_from_files(result.exit_code, result.files)
@@ -109,18 +111,18 @@ def _validate(args: dict[str, Any], ctx: ToolContext | None) -> ToolResult:
     return ToolResult(json.dumps(report), data=report)
 
 
-def _render(args: dict[str, Any], ctx: ToolContext | None) -> ToolResult:
+def _render(args: dict[str, Any], ctx: ToolContext | None, settings: RenderSettings | None = None) -> ToolResult:
     scene = _scene(args)
     violations = [v.to_dict() for v in validate(scene)]
     if violations:  # nothing to render: the violations are the answer
         report = {"valid": False, "violations": violations}
         return ToolResult(json.dumps(report), data=report, is_error=True)
     sandbox = getattr(ctx, "sandbox", None)
-    job = (render_in_sandbox(sandbox, scene, getattr(ctx, "cancel", None)) if sandbox is not None
-           else render_in_process(scene))
+    job = (render_in_sandbox(sandbox, scene, getattr(ctx, "cancel", None), settings) if sandbox is not None
+           else render_in_process(scene, settings))
     report = {"valid": job.report.get("valid", False), "violations": job.report.get("violations", []),
               "rendered": job.preview_png is not None}
-    for key in ("error", "pixels", "constraints"):
+    for key in ("error", "pixels", "constraints", "preview_renderer", "renderer_fallback"):
         if key in job.report:
             report[key] = job.report[key]
     artifacts = [Artifact("preview.png", job.preview_png, "image/png")] if job.preview_png else []
@@ -135,13 +137,16 @@ def scene_validate_tool() -> SceneTool:
         parameters=_scene_argument(), run=_validate, timeout_s=10.0)
 
 
-def scene_render_tool() -> SceneTool:
+def scene_render_tool(settings: RenderSettings | None = None) -> SceneTool:
+    """The render tool; `settings` picks the renderer of its preview (moderngl unless told)."""
+    settings = settings or RenderSettings()
     return SceneTool(
         name="scene_render",
         description="Render a scene/0.1 document from its camera (512 px preview PNG) and check its constraints: "
                     "each passes or fails with the measured quantity (gap, overlap volume, pixels...), and "
                     "every object's visible pixels.",
-        parameters=_scene_argument(), run=_render)
+        parameters=_scene_argument(), run=lambda args, ctx: _render(args, ctx, settings),
+        timeout_s=120.0 if settings.renderer == "moderngl" else 600.0)
 
 
 def scene_tools() -> list[SceneTool]:
