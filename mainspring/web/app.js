@@ -21,7 +21,7 @@ let rendering = 0;
 async function render() {
   const n = ++rendering;
   if (stop) { stop(); stop = null; }
-  const hash = location.hash || "#/runs";
+  const [hash] = (location.hash || "#/runs").split("?");  // the query part is the page's own (filters)
   const route = ROUTES.find(([re]) => re.test(hash)) || ROUTES[ROUTES.length - 1];
   const params = hash.match(route[0])?.slice(1) || [];
   for (const a of document.querySelectorAll("nav a")) {

@@ -65,6 +65,10 @@ def test_runs_list_shows_a_run_started_through_the_api(srv, console):
     assert "succeeded" in row.inner_text() and "helper" in row.inner_text() and "list me" in row.inner_text()
     page.select_option("#f-status", "failed")  # the state filter asks the server: this run is not failed
     page.locator("#runs-list", has_text="No runs match.").wait_for()
+    assert page.url.endswith("#/runs?status=failed")  # a filtered list can be bookmarked
+    page.reload()
+    page.locator("#runs-list", has_text="No runs match.").wait_for()
+    assert page.locator("#f-status").input_value() == "failed"
     page.select_option("#f-status", "")
     page.select_option("#f-agent", "helper")
     row.wait_for()

@@ -5,9 +5,20 @@ import {badge, h, table, when} from "../dom.js";
 const STATES = ["", "queued", "running", "waiting_approval", "paused", "succeeded", "failed", "cancelled",
                 "timed_out"];
 const REFRESH_MS = 2000;
-const filters = {status: "", agent: ""};  // kept across visits in this tab
+
+/** The filters in the URL (#/runs?status=failed&agent=helper): a filtered list can be bookmarked or shared. */
+function fromUrl() {
+  const q = new URLSearchParams(location.hash.split("?")[1] || "");
+  return {status: q.get("status") || "", agent: q.get("agent") || ""};
+}
+
+function toUrl(filters) {
+  const q = new URLSearchParams(Object.entries(filters).filter(([, v]) => v));
+  history.replaceState(null, "", q.size ? `#/runs?${q}` : "#/runs");  // no hashchange: no re-render
+}
 
 export async function render(main) {
+  const filters = fromUrl();
   const agents = await get("/v1/agents").then(r => r.data).catch(() => []);
   const names = [...new Set(agents.map(a => a.name))].sort();
   const byId = Object.fromEntries(agents.map(a => [a.id, a.name]));
@@ -39,8 +50,9 @@ export async function render(main) {
     ], runs, "No runs match."));
     list.setAttribute("aria-busy", "false");
   }
-  state.addEventListener("change", refresh);
-  agent.addEventListener("change", refresh);
+  const changed = () => { toUrl({status: state.value, agent: agent.value}); refresh(); };
+  state.addEventListener("change", changed);
+  agent.addEventListener("change", changed);
   await refresh();
   const timer = setInterval(() => refresh().catch(() => {}), REFRESH_MS);
   return () => clearInterval(timer);
