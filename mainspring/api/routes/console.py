@@ -4,7 +4,7 @@ The console is plain HTML and ES modules (no build step): the browser loads the 
 figure on the page comes from the /v1 API with the caller's own key, so the console sees what that key may see
 and nothing more. These routes carry no data and need no key: the page asks for one when the API answers 401.
 
-three.js is not committed: the Makefile's test install step (`npm install --no-save --prefix .cache/npm-web three@...`)
+three.js is not committed: the Makefile's install step (`make up`: npm install --no-save --prefix .cache/npm-web)
 puts it under .cache/npm-web; without it the scene viewer says it is not installed instead of fetching a CDN.
 """
 
