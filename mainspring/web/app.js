@@ -34,7 +34,12 @@ async function render() {
   try {
     stop = (await page.render(main, ...params)) || null;
   } catch (e) {
-    main.replaceChildren(h("h2", {}, "Something went wrong"), h("p", {role: "alert", class: "error"}, e.message));
+    if (e.status === 401) {  // the key dialog is open already; this is what stays behind it
+      main.replaceChildren(h("h2", {}, "An API key is needed"), h("p", {}, e.message),
+        h("button", {type: "button", onclick: () => askForKey()}, "Enter an API key"));
+    } else {
+      main.replaceChildren(h("h2", {}, "Something went wrong"), h("p", {role: "alert", class: "error"}, e.message));
+    }
   }
 }
 
