@@ -147,7 +147,8 @@ def test_edit_runs_the_call_with_other_arguments_and_reject_tells_the_model(srv,
     page = c.open(f"#/runs/{rejected['id']}")
     card = page.get_by_role("article", name="Approval for guarded")
     card.get_by_label("Comment for the model (on reject)").fill("not the safe")
-    card.get_by_role("button", name="Reject").click()
+    card.get_by_role("button", name="Reject").focus()  # by keyboard: a real button, Enter presses it
+    page.keyboard.press("Enter")
     done = wait_status(srv, rejected["id"], TERMINAL)
     assert srv.tools["guarded"].calls == [{"text": "open the back door"}]  # the rejected call never ran
     assert "not the safe" in done["result"]  # the model was told why
@@ -207,7 +208,8 @@ def test_narrow_window_has_no_page_wide_scroll(srv, console):
     wait_status(srv, run["id"], TERMINAL)
     c = console(srv.url, viewport={"width": 390, "height": 800})
     for route, ready in (("", "#runs-list tbody tr"), (f"#/runs/{run['id']}", "#timeline .ev.end"),
-                         ("#/costs", "svg.chart.line")):
+                         ("#/costs", "svg.chart.line"), ("#/plans", "main .empty"), ("#/training", "main .empty"),
+                         ("#/scenes", "#glb-file")):
         page = c.open(route)
         page.locator(ready).first.wait_for()
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), route
