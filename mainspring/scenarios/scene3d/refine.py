@@ -204,6 +204,8 @@ def apply_answer(doc: dict[str, Any], text: str, target: Target,
         revised = apply_patch(doc, patch)
     except PatchError as exc:
         return None, None, f"your patch was not applied: {exc}"
+    if revised == doc:  # e.g. the same patch again: a round spent on nothing, said so
+        return None, patch, "your patch changes nothing: those values are already what it sets"
     score = target.score(revised)
     allowed = len(current.violations) if current is not None and not current.valid else 0
     if not score.valid and (allowed == 0 or len(score.violations) > allowed):

@@ -92,10 +92,12 @@ def test_a_patch_that_cannot_apply_or_breaks_the_scene_is_refused_and_said_so():
 
 
 def test_the_round_cap_and_the_token_budget_stop_the_loop():
-    idle = patch(("/objects/1/position/0", 0.2))  # applies, fixes nothing
+    idle = patch(("/objects/1/position/0", 0.25))  # applies, fixes nothing
     capped = run(ScriptedModel([dumps(written()), idle, idle, idle]))
     assert capped.stop_reason == "max_rounds" and len(capped.rounds) == 4
     assert capped.final.score == pytest.approx(3 / 5)
+    assert [r.applied for r in capped.rounds[1:]] == [True, False, False]  # the same patch again is no change
+    assert capped.rounds[2].error.startswith("your patch changes nothing")
     one = run(ScriptedModel([dumps(written()), idle]), RefineConfig(max_rounds=1))
     assert one.stop_reason == "max_rounds" and len(one.rounds) == 2
     broke = run(ScriptedModel([dumps(written()), idle, FIX]), RefineConfig(token_budget=1))
