@@ -32,6 +32,10 @@ def test_plan_tasks_with_live_states(srv, console):
     check = task_row(page, "check")
     check.locator(".badge", has_text="waiting_approval").wait_for()  # its run waits for a human
     assert "waiting" in task_row(page, "announce").inner_text()
+    graph = page.get_by_role("img", name="Task graph")  # the same states, drawn: check → announce
+    assert graph.locator('g[data-task="check"]').get_attribute("data-status") == "running"
+    assert graph.locator('g[data-task="announce"]').get_attribute("data-status") == "waiting"
+    assert graph.locator("path.edge").count() == 1
     c.shot("plan-waiting")
 
     run_id = next(t["run_id"] for t in ok(srv.http.get(f"/v1/plans/{plan['id']}"))["tasks"] if t["key"] == "check")
@@ -43,5 +47,6 @@ def test_plan_tasks_with_live_states(srv, console):
     page.locator("#plan-status", has_text="succeeded").wait_for(timeout=30_000)
     for key in ("check", "announce"):
         assert "succeeded" in task_row(page, key).inner_text()
+        assert page.locator(f'#task-graph g[data-task="{key}"]').get_attribute("data-status") == "succeeded"
     c.shot("plan-done")
     assert c.errors == [], c.errors

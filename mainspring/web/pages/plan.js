@@ -1,15 +1,17 @@
 // One plan's tasks with their live states (polled: a task's state is the plan's, its run's is the runtime's).
 import {get, post} from "../api.js";
 import {badge, h, notify, table} from "../dom.js";
+import {taskGraph} from "../graph.js";
 
 const REFRESH_MS = 2000;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 export async function render(main, planId) {
   const head = h("div", {});
+  const graph = h("div", {id: "task-graph", class: "scroll"});
   const tasks = h("div", {id: "tasks", "aria-live": "polite"});
   main.append(h("p", {}, h("a", {href: "#/plans"}, "← Plans")), h("h2", {}, "Plan ", h("code", {}, planId)), head,
-              h("h3", {}, "Tasks"), tasks);
+              h("h3", {}, "Tasks"), graph, tasks);
   let timer = null;
 
   async function refresh() {
@@ -26,6 +28,7 @@ export async function render(main, planId) {
       TERMINAL.has(plan.status) ? null : h("div", {class: "actions", role: "group", "aria-label": "Plan actions"},
         plan.status === "awaiting_approval" ? [act("approve", "Approve plan"), act("reject", "Reject plan")] : null,
         plan.status === "paused" ? act("resume", "Resume") : act("pause", "Pause"), act("cancel", "Cancel")));
+    graph.replaceChildren(plan.tasks?.length ? taskGraph("Task graph", plan.tasks) : "");
     tasks.replaceChildren(table("Tasks", [
       {label: "Task", cell: t => t.item_index != null ? `${t.key} [${t.item_index}]` : t.key},
       {label: "State", cell: t => badge(t.status)},
