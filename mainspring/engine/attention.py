@@ -184,9 +184,11 @@ def _decode_attention(q, k_cache, v_cache, d: DecodeBatch, scale: float) -> torc
         ks = kv_slots.gather(k_cache, d.suffix_slots).permute(0, 2, 3, 1)  # [B, KVH, D, Ls]
         ss = torch.matmul(qg, ks)  # [B, KVH, G, Ls]
         if d.suffix_mask is not None:
-            ss = ss + d.suffix_mask
+            ss = ss + d.suffix_mask.to(ss.dtype)
         scores.append(ss.transpose(0, 1))
-    probs = torch.softmax(torch.cat(scores, dim=-1) if len(scores) > 1 else scores[0], dim=-1)  # [KVH, B, G, L]
+    # softmax in fp32 in every precision (bf16 keeps 8 bits of mantissa), the probabilities back in the cache's
+    probs = torch.softmax(torch.cat(scores, dim=-1) if len(scores) > 1 else scores[0], dim=-1,
+                          dtype=torch.float32).to(q.dtype)  # [KVH, B, G, L]
     out = None
     if lp:
         vp = kv_slots.gather(v_cache, d.prefix_slots, d.prefix_start).transpose(0, 1)  # [KVH, Lp, D]

@@ -51,6 +51,9 @@ class EngineConfig:
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     enable_prefix_caching: bool = True
     threads: int = 0
+    # engine/placement.py: "auto" | "cpu" | "cuda[:N]", and "auto" | "fp32" | "bf16" | "fp16"
+    device: str = "auto"
+    dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
     # weight quantization (engine/quant.py), fp32 when None; "int4": group-wise int4 weight-only
     # linears, quantized once and cached under Settings.cache_dir/quant
@@ -86,6 +89,7 @@ class EngineConfig:
             block_size=s.block_size, kv_cache_mb=s.kv_cache_mb, max_num_batched_tokens=s.max_num_batched_tokens,
             max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching, threads=s.resolved_threads(),
+            device=s.device, dtype=s.dtype,
             speculative=SpeculativeConfig.parse(s.speculative),
             quantization=parse_quantization(s.quantization), linear_kernel=s.linear_kernel,
             kv_policy=KVPolicyConfig.parse(s.kv_policy),

@@ -30,6 +30,7 @@ from mainspring.engine.params import SamplingParams
 from mainspring.engine.sampler import SampleLogprobs, Sampler, score_tokens
 from mainspring.engine.scheduler import ScheduledSeq, Scheduler
 from mainspring.engine.sequence import Sequence, SequenceStatus
+from mainspring.engine.placement import check_supported, resolve_placement
 from mainspring.engine.quant_cache import quantize_for_engine
 from mainspring.engine.speculative import SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
@@ -60,7 +61,11 @@ class LLMEngine:
         self.name = loaded.name
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
-        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict)
+        self.placement = resolve_placement(self.config.device, self.config.dtype)
+        check_supported(self.placement, quantization=self.config.quantization,
+                        kv_policy=self.config.kv_policy is not None, speculative=self.config.speculative is not None,
+                        kv_disk=self.config.kv_disk_cache_mb > 0)
+        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size)
@@ -89,8 +94,9 @@ class LLMEngine:
         if self.config.speculative:
             self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
-        log.info("engine ready: %s, %d KV blocks of %d tokens (%d tokens), context %d, fp32 linears on %s",
-                 self.name, num_blocks, bs, num_blocks * bs, self.max_model_len, self.linear_kernel)
+        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, fp32 linears on %s",
+                 self.name, self.placement.device, self.placement.dtype_name, num_blocks, bs, num_blocks * bs,
+                 self.max_model_len, self.linear_kernel)
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
@@ -394,7 +400,8 @@ class LLMEngine:
     def stats(self) -> dict:
         out = {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks,
-               "linear_kernel": self.linear_kernel}
+               "linear_kernel": self.linear_kernel, "device": str(self.placement.device),
+               "dtype": self.placement.dtype_name}
         if self.spec is not None:
             out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
         if self.kv_disk is not None:

@@ -47,8 +47,9 @@ def fast_engine_config(settings: Settings | None = None, quantization: str | Non
     weights) and speculative decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty;
     "off" turns it off)."""
     s = settings or get_settings()
+    # fp32 activations whatever MAINSPRING_DTYPE says: its quantized linears and speculation run fp32 only
     return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization,
-                               speculative=fast_speculative(s))
+                               speculative=fast_speculative(s), dtype="fp32")
 
 
 def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:

@@ -96,9 +96,9 @@ class RotaryEmbedding(nn.Module):
         self.sin = torch.cat([self.sin, emb.sin().float()])
         self.signed_sin = _signed(self.sin)
 
-    def at(self, positions: torch.Tensor) -> Rotation:
-        """The angles at `positions` [T] (after `ensure`), for `Rotation.apply` on [T, heads, D]."""
-        return Rotation(self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1))
+    def at(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Rotation:
+        """The angles at `positions` [T] (after `ensure`), for `Rotation.apply` on [T, heads, D] of `dtype`."""
+        return Rotation(self.cos[positions].unsqueeze(1).to(dtype), self.signed_sin[positions].unsqueeze(1).to(dtype))
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D]

@@ -75,28 +75,32 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
         """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache."""
         self.rope.ensure(positions)
-        rot = self.rope.at(positions)  # once per forward, for every layer
         x = self.embed_tokens(input_ids)
+        rot = self.rope.at(positions, x.dtype)  # once per forward, for every layer
         for layer, kv in zip(self.layers, kv_cache):
             x = layer(x, rot, kv, meta)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
+        """fp32 logits in every precision (a no-op in fp32): the sampler, grammar masks and logprobs read them."""
+        return self.lm_head(self.norm(hidden)).float()
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor]) -> "CausalLM":
+    def from_weights(cls, cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
+                     dtype: torch.dtype = torch.float32) -> "CausalLM":
         """Build without random init (meta device) and adopt the tensors: no weight is copied
-        except the fused q/k/v and gate/up, so the model costs little beyond the state dict."""
+        except the fused q/k/v and gate/up (and every one when `dtype` is not theirs), so the model
+        costs little beyond the state dict."""
         with torch.device("meta"):
             model = cls(cfg)
         model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        model.load_weights(state_dict)
+        model.load_weights(state_dict, dtype)
         return model.eval().requires_grad_(False)
 
     @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Adopt Hugging Face-named tensors (shared, not copied), fusing q/k/v and gate/up."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+        """Adopt Hugging Face-named tensors (shared, not copied), fusing q/k/v and gate/up, in `dtype`. The RoPE
+        tables stay fp32 (exact angles) and are cast per forward."""
         sd = dict(state_dict)
         fused = {}
         for i in range(self.config.num_hidden_layers):
@@ -118,7 +122,7 @@ class CausalLM(nn.Module):
             if value.shape != param.shape:
                 raise ModelLoadError(f"tensor {name}: shape {tuple(value.shape)} != expected {tuple(param.shape)}")
             module, _, leaf = name.rpartition(".")
-            setattr(self.get_submodule(module), leaf, nn.Parameter(value.float().contiguous(), requires_grad=False))
+            setattr(self.get_submodule(module), leaf, nn.Parameter(value.to(dtype).contiguous(), requires_grad=False))
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

@@ -28,7 +28,8 @@ def _offsets(start: int, chunks: list[ScheduledSeq]) -> list[int]:
 
 def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
     c = model.config
-    return c.num_hidden_layers * 2 * block_size * c.num_key_value_heads * c.head_dim * 4
+    width = model.embed_tokens.weight.element_size()  # the KV cache is kept in the model's precision
+    return c.num_hidden_layers * 2 * block_size * c.num_key_value_heads * c.head_dim * width
 
 
 class ModelRunner:
@@ -38,7 +39,8 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         # torch.empty: pages are only touched (and count as memory) once a block is written
-        self.cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim)
+        self.cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim,
+                                 dtype=model.embed_tokens.weight.dtype)
         # the cold tier (kv_quant.ColdKVStore): quantized blocks that left a sequence's hot span
         self.cold_store = cold_store
         self.kv_cache = [self._layer_kv(i) for i in range(c.num_hidden_layers)]

@@ -73,7 +73,7 @@ def attend(queries: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Te
         if s == n:  # the chunk is all of its own part: plain causal
             o, lse = _FLASH(qh, ko, vo, 0.0, True, scale=scale)
         else:  # its own cached tokens come first: query i sits at own position s - n + i
-            mask = torch.zeros(1, 1, n, s)
+            mask = torch.zeros(1, 1, n, s, dtype=qh.dtype)
             mask.masked_fill_(torch.arange(s)[None, :] > torch.arange(n)[:, None] + (s - n), float("-inf"))
             o, lse = _FLASH(qh, ko, vo, 0.0, False, attn_mask=mask, scale=scale)
         o, lse = o.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1)  # [n, H, D], [n, H]

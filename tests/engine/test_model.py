@@ -11,6 +11,9 @@ from mainspring.engine.model import CausalLM
 transformers = pytest.importorskip("transformers")
 
 BLOCK = 4
+# bf16 keeps 8 bits of mantissa: its logits are compared with fp32 transformers' at a bf16 tolerance
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 
 
 def tiny_hf(arch: str, **extra):
@@ -27,7 +30,7 @@ def tiny_hf(arch: str, **extra):
     return model.eval()
 
 
-def ours_from(hf) -> CausalLM:
+def ours_from(hf, dtype: torch.dtype = torch.float32) -> CausalLM:
     c = hf.config
     cfg = ModelConfig(
         architecture=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
@@ -40,15 +43,15 @@ def ours_from(hf) -> CausalLM:
         attention_bias=c.model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
     )
     model = CausalLM(cfg).eval()
-    model.load_weights(hf.state_dict())
+    model.load_weights(hf.state_dict(), dtype)
     return model
 
 
 def new_cache(model: CausalLM, num_blocks: int = 64):
-    c = model.config
+    c, dtype = model.config, model.embed_tokens.weight.dtype
     return [
-        (torch.zeros(num_blocks * BLOCK, c.num_key_value_heads, c.head_dim),
-         torch.zeros(num_blocks * BLOCK, c.num_key_value_heads, c.head_dim))
+        (torch.zeros(num_blocks * BLOCK, c.num_key_value_heads, c.head_dim, dtype=dtype),
+         torch.zeros(num_blocks * BLOCK, c.num_key_value_heads, c.head_dim, dtype=dtype))
         for _ in range(c.num_hidden_layers)
     ]
 
@@ -58,22 +61,25 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0]
 
 
+@DTYPES
 @pytest.mark.parametrize("arch,extra", [("llama", {}), ("qwen2", {}), ("llama", {"attention_bias": True})])
-def test_full_prefill_matches_transformers(arch, extra):
+def test_full_prefill_matches_transformers(arch, extra, dtype):
     hf = tiny_hf(arch, **extra)
     if extra:  # random init leaves biases at zero; make them matter
         with torch.no_grad():
             for name, p in hf.named_parameters():
                 if name.endswith("bias"):
                     p.normal_()
-    ours = ours_from(hf)
+    ours = ours_from(hf, dtype)
     ids = torch.randint(0, 97, (23,)).tolist()
     table = list(range(6))
     meta = AttentionMetadata.build([], [(table, 0, len(ids))], BLOCK)
     with torch.no_grad():
         hidden = ours(torch.tensor(ids), torch.arange(len(ids)), new_cache(ours), meta)
         logits = ours.compute_logits(hidden)
-    torch.testing.assert_close(logits, hf_logits(hf, ids), atol=1e-4, rtol=1e-4)
+    assert hidden.dtype == dtype and logits.dtype == torch.float32  # the sampler reads fp32 in every precision
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(logits, hf_logits(hf, ids), atol=tol, rtol=tol)
 
 
 def test_rope_scaling_llama3_matches_transformers():
@@ -95,11 +101,12 @@ def test_rope_scaling_llama3_matches_transformers():
                          ids=["consecutive", "scattered"])
 # together: step 2's two chunks over cached context attend their shared prefix in one call (shared_prefix.py)
 @pytest.mark.parametrize("together", [False, True], ids=["per-chunk", "together"])
-def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b, together, monkeypatch):
+@DTYPES
+def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b, together, dtype, monkeypatch):
     """Chunks attend cached context through the block table; decode rows use the cascade path."""
     monkeypatch.setattr(shared_prefix, "MIN_PREFIX_TOKENS", 1 if together else 10**9)
     hf = tiny_hf(arch)
-    ours = ours_from(hf)
+    ours = ours_from(hf, dtype)
     torch.manual_seed(1)
     shared = torch.randint(0, 97, (9,)).tolist()  # two full blocks shared + one partial
     a = shared + torch.randint(0, 97, (6,)).tolist()
@@ -139,5 +146,6 @@ def test_chunked_prefill_then_decode_matches_transformers(arch, table_a, table_b
             if nb < len(b):
                 got_b.append(logits[i : i + 1])
                 nb += 1
-    torch.testing.assert_close(torch.cat(got_a), ref_a, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(torch.cat(got_b), ref_b[8:], atol=1e-4, rtol=1e-4)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(torch.cat(got_a), ref_a, atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.cat(got_b), ref_b[8:], atol=tol, rtol=tol)

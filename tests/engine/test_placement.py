@@ -1,0 +1,78 @@
+"""MAINSPRING_DEVICE / MAINSPRING_DTYPE: resolved once, refused by name when this machine or this engine cannot run
+them, and a bf16 engine on the embedded model that keeps weights and KV in bf16 and answers like the fp32 one."""
+
+import pytest
+import torch
+
+from mainspring.config import Settings
+from mainspring.engine.config import EngineConfig
+from mainspring.engine.engine import LLMEngine
+from mainspring.engine.fast_variant import fast_engine_config
+from mainspring.engine.params import SamplingParams
+from mainspring.engine.placement import PlacementError, check_supported, resolve_placement
+from mainspring.engine.speculative import SpeculativeConfig
+
+
+def test_auto_is_the_cpu_in_fp32_and_each_dtype_is_taken():
+    assert resolve_placement() == resolve_placement("cpu", "fp32")
+    auto = resolve_placement("auto", "auto")
+    assert auto.device == torch.device("cpu") and auto.dtype == torch.float32 and auto.is_fp32
+    assert resolve_placement("CPU", " bf16 ").dtype == torch.bfloat16
+    assert resolve_placement("cpu", "fp16").dtype_name == "fp16"
+
+
+@pytest.mark.parametrize("device,dtype,named", [
+    ("gpu", "auto", "MAINSPRING_DEVICE='gpu'"), ("cuda:x", "auto", "MAINSPRING_DEVICE"),
+    ("cpu", "float8", "MAINSPRING_DTYPE='float8'"), ("cpu", "", "MAINSPRING_DTYPE"),
+])
+def test_a_bad_value_is_refused_by_its_setting(device, dtype, named):
+    with pytest.raises(PlacementError, match=named):
+        resolve_placement(device, dtype)
+
+
+def test_cuda_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PlacementError, match="no CUDA device"):
+        resolve_placement("cuda", "bf16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(PlacementError, match="not built yet"):
+        resolve_placement("cuda:1", "auto")
+    # a GPU in the machine does not make `auto` pick a path that is not built
+    assert resolve_placement("auto", "auto").device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("option,setting", [
+    (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
+    (dict(speculative=True), "MAINSPRING_SPECULATIVE"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
+])
+def test_fp32_only_options_are_refused_in_bf16(option, setting):
+    kwargs = dict(quantization=None, kv_policy=False, speculative=False, kv_disk=False) | option
+    check_supported(resolve_placement("cpu", "fp32"), **kwargs)  # fp32 runs them all
+    with pytest.raises(PlacementError, match=setting):
+        check_supported(resolve_placement("cpu", "bf16"), **kwargs)
+
+
+def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32():
+    s = Settings(device="cpu", dtype="bf16")
+    config = EngineConfig.from_settings(s)
+    assert (config.device, config.dtype) == ("cpu", "bf16")
+    assert fast_engine_config(s).dtype == "fp32"  # its int4 linears and speculation run fp32
+
+
+@pytest.mark.slow
+def test_a_bf16_engine_keeps_weights_and_kv_in_bf16_and_answers(embedded):
+    fp32 = LLMEngine(embedded, EngineConfig(kv_cache_mb=16, max_num_batched_tokens=256, dtype="fp32"))
+    bf16 = LLMEngine(embedded, EngineConfig(kv_cache_mb=16, max_num_batched_tokens=256, dtype="bf16"))
+    assert bf16.runner.cache.dtype == torch.bfloat16 and bf16.model.lm_head.weight.dtype == torch.bfloat16
+    assert bf16.stats()["dtype"] == "bf16" and fp32.stats()["dtype"] == "fp32"
+    assert abs(bf16.block_manager.num_blocks - 2 * fp32.block_manager.num_blocks) <= 1  # half the bytes a block
+    tok = bf16.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, logprobs=1)
+    ours, ref = bf16.generate([prompt], greedy)[0], fp32.generate([prompt], greedy)[0]
+    assert "Paris" in ours.text and "Paris" in ref.text
+    assert ours.token_ids[:3] == ref.token_ids[:3]  # bf16 rounding may part ways later, not at once
+    again = bf16.generate([prompt], greedy)[0]  # from the prefix cache, in bf16 blocks
+    assert again.usage.cached_tokens > 0 and again.token_ids == ours.token_ids
+    with pytest.raises(PlacementError, match="MAINSPRING_SPECULATIVE"):
+        LLMEngine(embedded, EngineConfig(dtype="bf16", speculative=SpeculativeConfig("ngram")))
