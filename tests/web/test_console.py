@@ -156,6 +156,25 @@ def test_edit_runs_the_call_with_other_arguments_and_reject_tells_the_model(srv,
     no_errors(c)
 
 
+def test_a_run_paused_by_its_budget_goes_on_when_the_page_raises_it(srv, console):
+    make_agent(srv, "thrifty", ["echo"])
+    run = start_run(srv, "thrifty", "count coins", cost_budget_usd="0.00002")
+    assert wait_status(srv, run["id"], ("paused",))["pause_reason"] == "budget"
+    c = console(srv.url)
+    page = c.open(f"#/runs/{run['id']}")
+    form = page.get_by_role("form", name="Raise the budget")
+    form.locator("p", has_text="reached its budget").wait_for()
+    form.get_by_label("Cost budget (USD)").fill("lots")
+    form.get_by_role("button", name="Set budget").click()
+    page.locator("#status", has_text="Budget not changed").wait_for()  # the server's 400, shown
+    assert wait_status(srv, run["id"], ("paused",))["budget"]["cost_budget_usd"] == "0.00002"
+    form.get_by_label("Cost budget (USD)").fill("1.00")
+    form.get_by_role("button", name="Set budget").click()
+    assert wait_status(srv, run["id"], TERMINAL)["status"] == "succeeded"
+    page.locator("#timeline .ev.end", has_text="succeeded").wait_for()
+    assert all("status of 400" in e for e in c.errors), c.errors
+
+
 def test_cancel_from_the_live_view(srv, console):
     make_agent(srv, "holder", ["hold"])
     run = start_run(srv, "holder", "cancel me")

@@ -17,8 +17,28 @@ export async function render(main, runId) {
   const timeline = h("ol", {id: "timeline", class: "timeline", "aria-live": "polite"});
   const audit = h("section", {id: "audit", "aria-labelledby": "audit-h"});
   const sceneLink = h("p", {hidden: true}, h("a", {href: `#/scenes/${runId}`, id: "scene-link"}, "View its scenes in 3D"));
+
+  // raising a budget queues a run its budget paused (POST /v1/runs/{id}/budget); the server checks the values
+  const costField = h("input", {id: "budget-cost", name: "cost_budget_usd", inputmode: "decimal", size: 10,
+                                placeholder: "e.g. 0.50"});
+  const tokenField = h("input", {id: "budget-tokens", name: "token_budget", inputmode: "numeric", size: 10});
+  const budgetNote = h("p", {class: "needs", "aria-live": "polite"});
+  const budget = h("form", {class: "filters", "aria-label": "Raise the budget", onsubmit: async e => {
+    e.preventDefault();
+    const body = {};
+    if (costField.value.trim()) body.cost_budget_usd = costField.value.trim();
+    const tokens = tokenField.value.trim(), n = Number(tokens);
+    if (tokens) body.token_budget = Number.isInteger(n) ? n : tokens;  // not a number: the server says why
+    try {
+      run = await post(`/v1/runs/${runId}/budget`, body);
+      showHead();
+      notify("Budget changed");
+    } catch (err) { notify(`Budget not changed: ${err.message}`); }
+  }}, budgetNote, h("label", {for: "budget-cost"}, "Cost budget (USD)"), costField,
+     h("label", {for: "budget-tokens"}, "Token budget"), tokenField, h("button", {type: "submit"}, "Set budget"));
+
   main.append(h("p", {}, h("a", {href: "#/runs"}, "← Runs")), h("h2", {}, "Run ", h("code", {}, runId)), head,
-              actions, sceneLink, approvals,
+              actions, budget, sceneLink, approvals,
               h("section", {"aria-labelledby": "events-h"}, h("h3", {id: "events-h"}, "Events"), timeline), audit);
 
   function showHead() {
@@ -39,6 +59,9 @@ export async function render(main, runId) {
       catch (e) { notify(`${label} failed: ${e.message}`); }
     }}, label);
     const live = !TERMINAL.has(run.status);
+    budget.hidden = !live;
+    if (run.pause_reason === "budget") budgetNote.textContent = "Paused: it reached its budget. Raise it to go on.";
+    else budgetNote.textContent = "";
     actions.replaceChildren(act("pause", "Pause", run.status === "queued" || run.status === "running"),
                             act("resume", "Resume", run.status === "paused"),
                             act("cancel", "Cancel", live));
