@@ -46,8 +46,12 @@ class HoldTool:
 
 @pytest.fixture
 def srv(tmp_path) -> Iterator[AgentServer]:
-    with agent_server(tmp_path / "data", tools={**test_tools(), "hold": HoldTool()}) as s:
-        yield s
+    hold = HoldTool()
+    with agent_server(tmp_path / "data", tools={**test_tools(), "hold": hold}) as s:
+        try:
+            yield s
+        finally:
+            hold.release.set()  # a test that failed mid-call does not keep the server's shutdown waiting
 
 
 def no_errors(c: Any) -> None:
@@ -185,7 +189,6 @@ def test_cancel_from_the_live_view(srv, console):
     page.get_by_role("button", name="Cancel").click()
     assert wait_status(srv, run["id"], TERMINAL)["status"] == "cancelled"
     page.locator("#run-status", has_text="cancelled").wait_for()
-    srv.tools["hold"].release.set()
     no_errors(c)
 
 
