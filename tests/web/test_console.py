@@ -241,12 +241,15 @@ def test_narrow_window_has_no_page_wide_scroll(srv, console):
 
 @pytest.fixture
 def authed(tmp_path) -> Iterator[dict]:
+    from mainspring.billing.budgets import set_budget
     from mainspring.billing.keys import create_key
     from mainspring.store.db import session
 
     with agent_server(tmp_path / "data", require_auth=True) as s:
         with session(s.app.state.agents.db) as db:
             a, b = create_key(db, "alpha"), create_key(db, "beta")
+            set_budget(db, "key", a.key.id, "month", 1_000_000)
+            set_budget(db, "key", b.key.id, "month", 7_000_000)
         A = httpx.Client(base_url=s.url, timeout=30, headers={"Authorization": f"Bearer {a.secret}"})
         B = httpx.Client(base_url=s.url, timeout=30, headers={"Authorization": f"Bearer {b.secret}"})
         spec = {"name": "helper", "model": "SmolLM2-135M-Instruct", "instructions": "Test agent.",
@@ -282,6 +285,16 @@ def test_with_auth_the_console_asks_for_a_key_and_shows_only_its_project(authed,
     assert page.locator("#runs-list tbody tr").count() == len(authed["runs"]["alpha"])
     assert authed["alpha"].secret not in page.content()  # the key is in sessionStorage, not in the page
     c.shot("auth-runs")
+
+    page = c.open("#/costs")  # alpha's budget, with what alpha's run spent; not beta's
+    (budget,) = ok(authed["A"].get("/v1/budgets"))["data"]
+    row = page.locator("#limits-h ~ .scroll tbody tr")
+    row.first.wait_for()
+    assert row.count() == 1
+    cells = row.inner_text().split("\t")
+    assert cells[:6] == [f"key {authed['alpha'].key.id}", "month", "$1", f"${budget['spent_usd']}", "$0",
+                         f"${budget['remaining_usd']}"]
+    assert "$7" not in page.locator("main").inner_text()
 
     page = c.open(f"#/runs/{beta_run['id']}")  # another project's run, by its id: the API says 404
     page.locator("main [role=alert]").wait_for()

@@ -33,9 +33,9 @@ export async function render(main, _ = null) {
 
   async function refresh() {
     const period = {since: since.value, until: until.value};
-    const [byDay, byModel, byTier, runs] = await Promise.all([
+    const [byDay, byModel, byTier, runs, limits] = await Promise.all([
       get("/v1/usage", {by: "day", ...period}), get("/v1/usage", {by: "model", ...period}),
-      get("/v1/usage", {by: "tier", ...period}), get("/v1/runs", {limit: 500})]);
+      get("/v1/usage", {by: "tier", ...period}), get("/v1/runs", {limit: 500}), get("/v1/budgets")]);
     const rows = byModel.data;
     const total = rows.reduce((a, r) => a + r.cost_u, 0);
     const saved = rows.reduce((a, r) => a + r.savings_u, 0);
@@ -61,6 +61,17 @@ export async function render(main, _ = null) {
       h("section", {"aria-labelledby": "by-tier-h"}, h("h3", {id: "by-tier-h"}, "Spend by tier"),
         table("Usage by tier", [{label: "Tier", cell: r => r.group}, {label: "Requests", cell: r => String(r.requests)},
                                 {label: "Cost", cell: r => `$${r.cost_usd}`}], byTier.data, "No usage yet.")),
+      h("section", {"aria-labelledby": "limits-h"}, h("h3", {id: "limits-h"}, "Budgets"),
+        table("Budgets of this key and its project, this period", [
+          {label: "Applies to", cell: b => `${b.scope} ${b.scope_id}`},
+          {label: "Period", cell: b => b.period},
+          {label: "Limit", cell: b => `$${b.hard_limit_usd}`},
+          {label: "Spent", cell: b => `$${b.spent_usd}`},
+          {label: "Held", cell: b => `$${b.outstanding_usd}`},
+          {label: "Left", cell: b => h("span", {class: b.remaining_u <= 0 ? "error" : null}, `$${b.remaining_usd}`)},
+          {label: "Used", cell: b => h("meter", {min: 0, max: b.hard_limit_u || 1, value: b.spent_u + b.outstanding_u,
+            "aria-label": `${b.scope} budget used`}, pct((b.spent_u + b.outstanding_u) / (b.hard_limit_u || 1)))},
+        ], limits.data, "No budget applies.")),
       h("section", {"aria-labelledby": "budgets-h"}, h("h3", {id: "budgets-h"}, "Run budgets"),
         table("Runs with a budget", [
           {label: "Run", cell: r => h("a", {href: `#/runs/${r.id}`}, r.id)},
