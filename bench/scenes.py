@@ -7,6 +7,14 @@ process, EGL context creation included. Validation: `scenes.validate` (pydantic 
 checks) on JSON text, beside `jsonschema` (draft 2020-12, schema only) on the same document.
 
     python bench/scenes.py [--frames 20] [--runs 10] [--threads 1]
+
+With --loop: the refinement loop (mainspring/scenarios/scene3d/refine.py) over the 20 briefs with
+the embedded model, all briefs concurrently on one engine: the constraint pass rate of the first
+scene (one shot, the one-shot prompt) against the scene after at most --rounds JSON Patch
+revisions, tokens and cost (built-in price sheet) per brief, and the prefix-cache hit rate of the
+revision calls. --base-url/--model run the same against an OpenAI-compatible upstream.
+
+    python bench/scenes.py --loop [--rounds 3] [--base-url URL --model NAME]
 """
 
 from __future__ import annotations
@@ -75,6 +83,121 @@ def markdown(report: dict) -> str:
         f"{report['load_average_end'][0]}; `{report['command']}`"])
 
 
+def run_loop(model, rounds: int) -> dict:
+    """Every brief through the loop on `model` (a ChatModel); per-brief rows and the totals."""
+    import asyncio
+
+    from mainspring.billing.prices import load_price_sheet, price
+    from mainspring.billing.usage import UsageRecord
+    from mainspring.scenarios.scene3d import load_briefs
+    from mainspring.scenarios.scene3d.refine import RefineConfig, refine
+
+    briefs = load_briefs()
+    config = RefineConfig(max_rounds=rounds)
+
+    async def every_brief():
+        return await asyncio.gather(*(refine(model, b, config) for b in briefs))
+
+    t = time.perf_counter()
+    results = asyncio.run(every_brief())
+    wall = time.perf_counter() - t
+    sheet = load_price_sheet(None)
+    priced = model.model in sheet.models
+    rows = []
+    for brief, r in zip(briefs, results):
+        cost_u = sum(price(UsageRecord(model.model, x.prompt_tokens, x.cached_tokens, 0, x.completion_tokens),
+                           sheet).total_u for x in r.rounds) if priced else None
+        first, final = r.first, r.final
+        rows.append({"brief": brief.id, "constraints": len(brief.constraints),
+                     "first_valid": bool(first and first.valid), "final_valid": bool(final and final.valid),
+                     "first_passed": first.num_passed if first and first.valid else 0,
+                     "final_passed": final.num_passed if final and final.valid else 0,
+                     "stop_reason": r.stop_reason, "revisions": sum(x.kind == "patch" for x in r.rounds),
+                     "applied": sum(x.applied for x in r.rounds[1:]),
+                     "refused": [x.error for x in r.rounds[1:] if x.error], **r.spend.to_dict(),
+                     "cost_usd": None if cost_u is None else cost_u / 1e6})
+    n = sum(row["constraints"] for row in rows)
+    revision_calls = [x for r in results for x in r.rounds[1:]]
+    rev_prompt = sum(x.prompt_tokens for x in revision_calls)
+    rev_cached = sum(x.cached_tokens for x in revision_calls)
+    first_rate = sum(row["first_passed"] for row in rows) / n
+    final_rate = sum(row["final_passed"] for row in rows) / n
+    return {"model": model.model, "rounds": rounds, "briefs": len(rows), "constraints": n,
+            "pass_rate_one_shot": round(first_rate, 4), "pass_rate_loop": round(final_rate, 4),
+            "gain_points": round((final_rate - first_rate) * 100, 1),
+            "briefs_all_pass_one_shot": sum(row["first_passed"] == row["constraints"] for row in rows),
+            "briefs_all_pass_loop": sum(row["final_passed"] == row["constraints"] for row in rows),
+            "valid_one_shot": sum(row["first_valid"] for row in rows),
+            "valid_loop": sum(row["final_valid"] for row in rows),
+            "revision_calls": len(revision_calls), "revisions_applied": sum(x.applied for x in revision_calls),
+            "prefix_cache_hit_rate_revisions": round(rev_cached / rev_prompt, 4) if rev_prompt else 0.0,
+            "tokens_per_brief": round(sum(row["total_tokens"] for row in rows) / len(rows), 1),
+            "completion_tokens_per_brief": round(sum(row["completion_tokens"] for row in rows) / len(rows), 1),
+            "cost_per_brief_usd": (round(sum(row["cost_usd"] for row in rows) / len(rows), 8) if priced else None),
+            "wall_s": round(wall, 1), "rows": rows}
+
+
+def loop_markdown(report: dict) -> str:
+    lines = ["| model | constraint pass rate, one shot | after ≤ {r} revisions | gain | briefs passing (of 20) | "
+             "tokens / brief | cost / brief | prefix-cache hit, revisions |".format(r=report["rounds"]),
+             "|---|---|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        cost = "—" if run["cost_per_brief_usd"] is None else f"${run['cost_per_brief_usd']:.6f}"
+        lines.append(f"| {run['model']} | {run['pass_rate_one_shot']:.1%} | {run['pass_rate_loop']:.1%} | "
+                     f"{run['gain_points']:+.1f} points | {run['briefs_all_pass_one_shot']} → "
+                     f"{run['briefs_all_pass_loop']} | {run['tokens_per_brief']:.0f} | {cost} | "
+                     f"{run['prefix_cache_hit_rate_revisions']:.1%} |")
+    lines.append(f"\n{report['cpu']}, {report['threads']} torch threads, {report['runs'][0]['wall_s']} s for the "
+                 f"20 briefs; `{report['command']}`")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def loop_main(args) -> None:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from mainspring.config import Settings
+    from mainspring.engine.async_engine import AsyncLLMEngine
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.loader import load_model
+    from mainspring.models.local import LocalModel
+
+    torch.set_num_threads(args.torch_threads)
+    engine = AsyncLLMEngine(LLMEngine(load_model("smollm2", Settings().cache_dir),
+                                      EngineConfig(kv_cache_mb=1024, max_num_batched_tokens=2048)))
+    try:
+        runs = [run_loop(LocalModel(engine), args.rounds)]
+    finally:
+        engine.close()
+    if args.base_url:
+        from mainspring.models.openai_compatible import OpenAICompatibleModel
+
+        runs.append(run_loop(OpenAICompatibleModel(args.base_url, os.environ.get("OPENAI_API_KEY"), args.model),
+                             args.rounds))
+    report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.torch_threads,
+              "rounds": args.rounds, "runs": runs, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+              "command": "python bench/scenes.py " + " ".join(sys.argv[1:])}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    for run in runs:
+        print(f"{run['model']}: constraint pass rate one shot {run['pass_rate_one_shot']:.1%} -> after <= "
+              f"{args.rounds} revisions {run['pass_rate_loop']:.1%} ({run['gain_points']:+.1f} points); briefs "
+              f"passing {run['briefs_all_pass_one_shot']} -> {run['briefs_all_pass_loop']}; "
+              f"{run['tokens_per_brief']:.0f} tokens/brief; prefix-cache hit rate of revisions "
+              f"{run['prefix_cache_hit_rate_revisions']:.1%}; {run['wall_s']} s")
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=20)
@@ -82,7 +205,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="llvmpipe threads (LP_NUM_THREADS)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scenes.json"))
     ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
+    ap.add_argument("--loop", action="store_true", help="the refinement loop over the 20 briefs (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="--loop: revisions after the first scene")
+    ap.add_argument("--torch-threads", type=int, default=2, help="--loop: torch threads of the embedded engine")
+    ap.add_argument("--base-url", default="", help="--loop: also an OpenAI-compatible upstream (OPENAI_API_KEY)")
+    ap.add_argument("--model", default="", help="--loop: the upstream's model name")
     args = ap.parse_args()
+    if args.loop:
+        if args.out == str(ROOT / "bench" / "results" / "scenes.json"):
+            args.out = str(ROOT / "bench" / "results" / "scenes_loop.json")
+        if args.update_readme:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from readme_table import write_table
+
+            write_table("scenes_loop", args.out, loop_markdown)
+            return
+        loop_main(args)
+        return
     if args.update_readme:
         sys.path.insert(0, str(ROOT / "bench"))
         from readme_table import write_table
