@@ -30,15 +30,21 @@ async function render() {
   }
   const page = await route[2]();
   if (n !== rendering) return;  // a newer navigation won
-  main.replaceChildren();
+  // each render draws into its own view: a slower earlier render still awaiting its data (a key entered while the
+  // first page loads) then fills a view no longer on the page, never a second copy beside the current one
+  const view = h("div", {class: "view"});
+  main.replaceChildren(view);
   try {
-    stop = (await page.render(main, ...params)) || null;
+    const stopper = (await page.render(view, ...params)) || null;
+    if (n !== rendering) { if (stopper) stopper(); return; }
+    stop = stopper;
   } catch (e) {
+    if (n !== rendering) return;
     if (e.status === 401) {  // the key dialog is open already; this is what stays behind it
-      main.replaceChildren(h("h2", {}, "An API key is needed"), h("p", {}, e.message),
+      view.replaceChildren(h("h2", {}, "An API key is needed"), h("p", {}, e.message),
         h("button", {type: "button", onclick: () => askForKey()}, "Enter an API key"));
     } else {
-      main.replaceChildren(h("h2", {}, "Something went wrong"), h("p", {role: "alert", class: "error"}, e.message));
+      view.replaceChildren(h("h2", {}, "Something went wrong"), h("p", {role: "alert", class: "error"}, e.message));
     }
   }
 }
