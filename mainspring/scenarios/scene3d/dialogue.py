@@ -63,7 +63,7 @@ class TurnResult:
     edit_error: str | None = None  # why the edit was not applied
     added: list[str] = field(default_factory=list)  # labels pinned as new this turn
     changed: list[str] = field(default_factory=list)  # labels whose pinned form this turn replaced
-    rejected: list[str] = field(default_factory=list)  # constraints the answer gave that do not parse
+    rejected: list[str] = field(default_factory=list)  # the answer's constraints not pinned: unreadable, contradicting
     broken: list[str] = field(default_factory=list)  # pinned labels that passed before the edit and fail after it
     score: BriefScore | None = None  # every pinned constraint on the scene at the end of the turn
     stop_reason: str = ""
@@ -100,11 +100,24 @@ class DesignThread:
         required = list(dict.fromkeys(oid for p in self.pinned for oid in constraint_refs(p.constraint)))
         return Target("design", required, [p.constraint for p in self.pinned])
 
-    def pin(self, constraints: Sequence[Any], turn: int) -> tuple[list[str], list[str]]:
-        """Pin `constraints`: (labels added, labels changed)."""
+    def pin(self, constraints: Sequence[Any], turn: int, rejected: list[str] | None = None,
+            user: bool = True) -> tuple[list[str], list[str]]:
+        """Pin `constraints`: (labels added, labels changed). One that contradicts a pinned
+        constraint replaces it when the user gave it; from the model it is not pinned but listed
+        in `rejected` (a model does not overrule an agreement)."""
         added, changed = [], []
         for c in constraints:
             new = Pinned(c, turn)
+            clash = next((i for i, p in enumerate(self.pinned) if contradicts(c, p.constraint)), None)
+            if clash is not None and not user:
+                if rejected is not None:
+                    rejected.append(f"{new.label}: contradicts {self.pinned[clash].label}, agreed in turn "
+                                    f"{self.pinned[clash].turn}")
+                continue
+            if clash is not None:
+                self.pinned[clash] = new
+                changed.append(new.label)
+                continue
             at = next((i for i, p in enumerate(self.pinned) if p.key == new.key), None)
             if at is None:
                 self.pinned.append(new)
@@ -118,6 +131,30 @@ class DesignThread:
         return {"doc": self.doc, "pinned": [{"constraint": p.constraint.model_dump(), "turn": p.turn}
                                             for p in self.pinned],
                 "turns": [t.to_dict() for t in self.turns], "tokens": self.spend.to_dict()}
+
+
+_OPPOSITE = {"above": "below", "below": "above", "left_of": "right_of", "right_of": "left_of",
+             "in_front_of": "behind", "behind": "in_front_of"}
+_ONE_WAY = ("on_top_of", "supported_by", *_OPPOSITE)  # a r b and b r a cannot both hold
+
+
+def contradicts(new: Any, old: Any) -> bool:
+    """Whether `new` cannot hold together with `old`: a one-way relation turned around
+    (on_top_of(table, cup) after on_top_of(cup, table)), its opposite between the same objects
+    (below after above), or near/far bounds that leave no distance."""
+    a, b = getattr(new, "a", None), getattr(new, "b", None)
+    oa, ob = getattr(old, "a", None), getattr(old, "b", None)
+    if a is None or b is None or oa is None or ob is None:
+        return False
+    same, swapped = (a, b) == (oa, ob), (a, b) == (ob, oa)
+    if new.type == old.type and new.type in _ONE_WAY and swapped:
+        return True
+    if _OPPOSITE.get(new.type) == old.type and same:
+        return True
+    if {new.type, old.type} == {"near", "far"} and (same or swapped):
+        near, far = (new, old) if new.type == "near" else (old, new)
+        return bool(far.min > near.max)
+    return False
 
 
 def parse_constraints(values: Any) -> tuple[list[Any], list[str]]:
@@ -220,8 +257,9 @@ async def user_turn(model: ChatModel, thread: DesignThread, text: str, constrain
     except (ValueError, PatchError) as exc:  # PatchError is a ValueError; said apart for the reader
         result.edit_error = edit.error = f"the edit was not applied: {exc}"
         new = []
-    added, changed = thread.pin([*new, *constraints], n)
-    result.added, result.changed = added, changed
+    added, changed = thread.pin(new, n, result.rejected, user=False)
+    user_added, user_changed = thread.pin(constraints, n)
+    result.added, result.changed = added + user_added, changed + user_changed
     edit.score = thread.target().score(thread.doc)
     # a changed agreement is the user's new word, not something the edit broke
     await _check_and_repair(model, thread, result, before - set(changed), render)
@@ -229,5 +267,5 @@ async def user_turn(model: ChatModel, thread: DesignThread, text: str, constrain
     return result
 
 
-__all__ = ["DesignThread", "Pinned", "TURN_RULES", "TurnResult", "parse_constraints", "start_thread", "turn_format",
-           "user_turn"]
+__all__ = ["DesignThread", "Pinned", "TURN_RULES", "TurnResult", "contradicts", "parse_constraints", "start_thread",
+           "turn_format", "user_turn"]

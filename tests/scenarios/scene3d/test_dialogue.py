@@ -83,3 +83,21 @@ def test_a_bad_edit_leaves_the_scene_and_is_said():
     turn2 = asyncio.run(user_turn(model2, thread2, "Make the table flat."))
     assert turn2.edit_error.startswith("the edit was not applied: it makes the scene invalid")
     assert dumps(thread2.doc) == before and turn2.failing == []
+
+
+def test_a_model_constraint_contradicting_an_agreement_is_not_pinned_but_the_users_is():
+    turned = dumps({"patch": [{"op": "replace", "path": "/objects/1/position/0", "value": 0.1}],
+                    "constraints": [{"type": "on_top_of", "a": "table", "b": "cup"}]})
+    second_edit = dumps({"patch": [{"op": "replace", "path": "/objects/1/position/0", "value": 0.15}],
+                         "constraints": []})
+    model = ScriptedModel([dumps(written(0.8)), turned, second_edit])
+    thread = open_thread(model)
+    turn = asyncio.run(user_turn(model, thread, "Move the cup a little."))
+    assert turn.rejected == ["on_top_of(table, cup): contradicts on_top_of(cup, table), agreed in turn 0"]
+    assert [p.label for p in thread.pinned].count("on_top_of(cup, table)") == 1 and turn.failing == []
+    near, far = parse_constraints([{"type": "near", "a": "cup", "b": "table", "max": 0.5},
+                                   {"type": "far", "a": "table", "b": "cup", "min": 2.0}])[0]
+    thread.pin([near], 1)
+    model.answers += [patch(("/objects/1/position/2", 0.12))] * 3  # repairs that do not reach 2 m
+    turn2 = asyncio.run(user_turn(model, thread, "Now the cup goes far from the table.", [far]))
+    assert turn2.changed == ["far(table, cup)"] and "near(cup, table)" not in [p.label for p in thread.pinned]
