@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from train import cpu_model  # noqa: E402  (the benches' one CPU model reader)
+
 SHAPES = ("box", "sphere", "cylinder", "cone", "capsule", "torus")
 
 
@@ -150,16 +154,6 @@ def loop_markdown(report: dict) -> str:
     lines.append(f"\n{report['cpu']}, {report['threads']} torch threads, {report['runs'][0]['wall_s']} s for the "
                  f"20 briefs; `{report['command']}`")
     return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def loop_main(args) -> None:
