@@ -143,6 +143,17 @@ def wait_for(http, plan_id: str, done, what: str, timeout: float = 60) -> dict:
         time.sleep(0.05)
 
 
+def wait_for_events(http, plan_id: str, kind: str, timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        events = ok(http.get(f"/v1/plans/{plan_id}/events", params={"limit": 500}))["data"]
+        found = [e for e in events if e["type"] == kind]
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"no {kind} event: {[e['type'] for e in events]}"
+        time.sleep(0.05)
+
+
 def plans_cli(monkeypatch, url: str, *args: str):
     monkeypatch.setenv("MAINSPRING_HOST", "127.0.0.1")
     monkeypatch.setenv("MAINSPRING_PORT", url.rsplit(":", 1)[1])
@@ -173,8 +184,8 @@ def test_a_task_over_its_share_pauses_until_the_plan_budget_is_raised(tmp_path, 
         used = run["usage"]["total_tokens"]
         assert 1800 // 3 <= share <= 1800 - 240 and used <= share  # at least an even third; a and b used 120 each
         assert used % 120 == 0 and used < 2520  # stopped short of its 21 calls, before the call over its share
-        events = ok(http.get(f"/v1/plans/{plan_id}/events", params={"limit": 500}))["data"]
-        over = [e for e in events if e["type"] == "task.over_budget"]
+        # the run pauses itself; the scheduler's next tick sees the pause and journals it on the plan
+        over = wait_for_events(http, plan_id, "task.over_budget")
         assert len(over) == 1 and over[0]["task"] == "c"
         assert (over[0]["data"]["used_tokens"], over[0]["data"]["token_budget"]) == (used, share)
         # the plan spends no more: everything its runs used is within its budget, and c's run is where it paused
