@@ -12,9 +12,11 @@ With --loop: the refinement loop (mainspring/scenarios/scene3d/refine.py) over t
 the embedded model, all briefs concurrently on one engine: the constraint pass rate of the first
 scene (one shot, the one-shot prompt) against the scene after at most --rounds JSON Patch
 revisions, tokens and cost (built-in price sheet) per brief, and the prefix-cache hit rate of the
-revision calls. --base-url/--model run the same against an OpenAI-compatible upstream.
+revision calls. --candidates N asks for N patches per revision round (the first greedy, the rest
+sampled) and keeps the one the checker ranks best; every candidate's tokens are counted.
+--base-url/--model run the same against an OpenAI-compatible upstream.
 
-    python bench/scenes.py --loop [--rounds 3] [--base-url URL --model NAME]
+    python bench/scenes.py --loop [--rounds 3] [--candidates 4] [--base-url URL --model NAME]
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def markdown(report: dict) -> str:
         f"{report['load_average_end'][0]}; `{report['command']}`"])
 
 
-def run_loop(model, rounds: int) -> dict:
+def run_loop(model, rounds: int, candidates: int = 1) -> dict:
     """Every brief through the loop on `model` (a ChatModel); per-brief rows and the totals."""
     import asyncio
 
@@ -97,7 +99,7 @@ def run_loop(model, rounds: int) -> dict:
     from mainspring.scenarios.scene3d.refine import RefineConfig, refine
 
     briefs = load_briefs()
-    config = RefineConfig(max_rounds=rounds)
+    config = RefineConfig(max_rounds=rounds, candidates=candidates)
 
     async def every_brief():
         return await asyncio.gather(*(refine(model, b, config) for b in briefs))
@@ -126,14 +128,16 @@ def run_loop(model, rounds: int) -> dict:
     rev_cached = sum(x.cached_tokens for x in revision_calls)
     first_rate = sum(row["first_passed"] for row in rows) / n
     final_rate = sum(row["final_passed"] for row in rows) / n
-    return {"model": model.model, "rounds": rounds, "briefs": len(rows), "constraints": n,
+    return {"model": model.model, "rounds": rounds, "candidates": candidates, "briefs": len(rows), "constraints": n,
             "pass_rate_one_shot": round(first_rate, 4), "pass_rate_loop": round(final_rate, 4),
             "gain_points": round((final_rate - first_rate) * 100, 1),
             "briefs_all_pass_one_shot": sum(row["first_passed"] == row["constraints"] for row in rows),
             "briefs_all_pass_loop": sum(row["final_passed"] == row["constraints"] for row in rows),
             "valid_one_shot": sum(row["first_valid"] for row in rows),
             "valid_loop": sum(row["final_valid"] for row in rows),
-            "revision_calls": len(revision_calls), "revisions_applied": sum(x.applied for x in revision_calls),
+            "revision_calls": len(revision_calls), "revision_answers": sum(x.candidates for x in revision_calls),
+            "chosen_not_first": sum(x.applied and x.chosen > 0 for x in revision_calls),
+            "revisions_applied": sum(x.applied for x in revision_calls),
             "prefix_cache_hit_rate_revisions": round(rev_cached / rev_prompt, 4) if rev_prompt else 0.0,
             "tokens_per_brief": round(sum(row["total_tokens"] for row in rows) / len(rows), 1),
             "completion_tokens_per_brief": round(sum(row["completion_tokens"] for row in rows) / len(rows), 1),
@@ -147,7 +151,8 @@ def loop_markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         cost = "—" if run["cost_per_brief_usd"] is None else f"${run['cost_per_brief_usd']:.6f}"
-        lines.append(f"| {run['model']} | {run['pass_rate_one_shot']:.1%} | {run['pass_rate_loop']:.1%} | "
+        per_round = f", {run['candidates']} candidates a round" if run.get("candidates", 1) > 1 else ""
+        lines.append(f"| {run['model']}{per_round} | {run['pass_rate_one_shot']:.1%} | {run['pass_rate_loop']:.1%} | "
                      f"{run['gain_points']:+.1f} points | {run['briefs_all_pass_one_shot']} → "
                      f"{run['briefs_all_pass_loop']} | {run['tokens_per_brief']:.0f} | {cost} | "
                      f"{run['prefix_cache_hit_rate_revisions']:.1%} |")
@@ -171,14 +176,14 @@ def loop_main(args) -> None:
     engine = AsyncLLMEngine(LLMEngine(load_model("smollm2", Settings().cache_dir),
                                       EngineConfig(kv_cache_mb=1024, max_num_batched_tokens=2048)))
     try:
-        runs = [run_loop(LocalModel(engine), args.rounds)]
+        runs = [run_loop(LocalModel(engine), args.rounds, args.candidates)]
     finally:
         engine.close()
     if args.base_url:
         from mainspring.models.openai_compatible import OpenAICompatibleModel
 
         runs.append(run_loop(OpenAICompatibleModel(args.base_url, os.environ.get("OPENAI_API_KEY"), args.model),
-                             args.rounds))
+                             args.rounds, args.candidates))
     report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.torch_threads,
               "rounds": args.rounds, "runs": runs, "load_average_end": [round(x, 2) for x in os.getloadavg()],
               "command": "python bench/scenes.py " + " ".join(sys.argv[1:])}
@@ -201,6 +206,7 @@ def main() -> None:
     ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
     ap.add_argument("--loop", action="store_true", help="the refinement loop over the 20 briefs (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--loop: revisions after the first scene")
+    ap.add_argument("--candidates", type=int, default=1, help="--loop: patches asked for per revision round")
     ap.add_argument("--torch-threads", type=int, default=2, help="--loop: torch threads of the embedded engine")
     ap.add_argument("--base-url", default="", help="--loop: also an OpenAI-compatible upstream (OPENAI_API_KEY)")
     ap.add_argument("--model", default="", help="--loop: the upstream's model name")

@@ -9,11 +9,20 @@ previous call's prompt plus what happened since, so an engine's prefix cache ser
 but the newest feedback. A patch that cannot be applied, or that would make the scene invalid,
 is refused (the scene stays as it was) and the refusal is the next round's feedback.
 
+A round may ask for several candidate patches at once (`candidates`): the first at the loop's own
+temperature, the rest sampled, all on the same prompt (one prefill, shared through the prefix
+cache, and decoded in one batch by an engine that batches). The checker is the judge: the
+candidate whose scene passes the most constraints is kept, and only it joins the conversation, so
+the next round's prompt is still the previous one plus what happened. Every candidate's tokens
+are counted. A greedy repeat of a refused patch is the commonest way a small model wastes a round;
+sampling is how it gets out.
+
 `revise` is the repair part alone, shared with the design dialogue (dialogue.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -47,10 +56,14 @@ class RefineConfig:
     max_ops: int = 6
     temperature: float = 0.0
     seed: int | None = 0
+    candidates: int = 1  # patches asked for per revision round; the checker keeps the best
+    candidate_temperature: float = 0.8  # for every candidate after the first
 
     def __post_init__(self) -> None:
         if self.max_rounds < 0 or self.scene_max_tokens < 1 or self.patch_max_tokens < 1 or self.max_ops < 1:
             raise ValueError("max_rounds >= 0, max tokens and max_ops >= 1")
+        if self.candidates < 1 or self.candidate_temperature < 0:
+            raise ValueError("candidates >= 1 and candidate_temperature >= 0")
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError("token_budget must be positive (or None)")
 
@@ -87,13 +100,16 @@ class Round:
     patch: list[dict[str, Any]] | None = None
     score: BriefScore | None = None  # the scene's check after this round
     preview_png: bytes | None = None
+    candidates: int = 1  # model answers this round weighed (its tokens are all of theirs)
+    chosen: int = 0  # the one kept
 
     def to_dict(self) -> dict[str, Any]:
         s = self.score
         return {"index": self.index, "kind": self.kind, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "completion_tokens": self.completion_tokens, "applied": self.applied, "error": self.error,
-                "patch": self.patch, "valid": s.valid if s else None,
+                "patch": self.patch, "candidates": self.candidates, "chosen": self.chosen,
+                "valid": s.valid if s else None,
                 "num_passed": s.num_passed if s else None, "num_constraints": len(s.results) if s else None,
                 "failed": [r.label for r in s.results if not r.passed] if s else None,
                 "previewed": self.preview_png is not None}
@@ -184,6 +200,37 @@ async def call(model: ChatModel, messages: list[Message], response_format: dict[
                  done.usage.completion_tokens)
 
 
+def _rank(found: tuple[dict[str, Any] | None, list | None, str | None], target: Target) -> tuple:
+    revised, _, refused = found
+    if refused is not None or revised is None:
+        return (0, 0, 0, 0)
+    score = target.score(revised)
+    return (1, int(score.valid), score.num_passed, -len(score.violations))
+
+
+async def call_candidates(model: ChatModel, messages: list[Message], response_format: dict[str, Any],
+                          max_tokens: int, config: RefineConfig, spend: Spend, index: int,
+                          judge: Callable[[str], tuple]) -> tuple[Round, Any]:
+    """`config.candidates` answers to the same prompt; the one `judge` ranks highest (ties: the
+    earliest) is appended to `messages` and returned with its judgement. The round's tokens are
+    every candidate's."""
+    seed = None if config.seed is None else config.seed + 1000 * index
+    done = await asyncio.gather(*(
+        model.chat(messages, response_format=response_format, max_tokens=max_tokens,
+                   temperature=config.temperature if k == 0 else config.candidate_temperature,
+                   seed=None if seed is None else seed + k)
+        for k in range(config.candidates)))
+    judged = [judge(d.text) for d in done]
+    best = max(range(len(done)), key=lambda k: (judged[k][0], -k))
+    for d in done:
+        spend.add(d.usage)
+    messages.append({"role": "assistant", "content": done[best].text})
+    r = Round(index, "patch", done[best].text, done[best].finish_reason,
+              sum(d.usage.prompt_tokens for d in done), sum(d.usage.cached_tokens for d in done),
+              sum(d.usage.completion_tokens for d in done), candidates=len(done), chosen=best)
+    return r, judged[best][1]
+
+
 def _preview(render: Render | None, doc: Any) -> bytes | None:
     if render is None:
         return None
@@ -260,8 +307,12 @@ async def revise(model: ChatModel, messages: list[Message], doc: dict[str, Any],
             fmt = patch_format(doc, config.max_ops, **revision_scope(doc, score, target))
         except PatchError:  # nothing to point at (an upstream that ignored the scene format)
             return doc, score, "no_scene"
-        r = await call(model, messages, fmt, config.patch_max_tokens, config, spend, len(rounds), "patch")
-        revised, r.patch, refused = apply_answer(doc, r.text, target, score)
+        def judge(text: str, doc=doc, score=score) -> tuple:
+            found = apply_answer(doc, text, target, score)
+            return _rank(found, target), found
+
+        r, (revised, r.patch, refused) = await call_candidates(model, messages, fmt, config.patch_max_tokens,
+                                                                config, spend, len(rounds), judge)
         r.error = refused
         if revised is not None:
             doc, score, r.applied = revised, target.score(revised), True
@@ -304,4 +355,4 @@ async def refine(model: ChatModel, brief: Brief | Target, config: RefineConfig |
 
 
 __all__ = ["PATCH_RULES", "REFINE_SYSTEM_PROMPT", "RefineConfig", "RefineResult", "Round", "Spend", "Target",
-           "apply_answer", "refine", "revise"]
+           "apply_answer", "call_candidates", "refine", "revise"]

@@ -38,7 +38,8 @@ class ScriptedModel(ChatModel):
         cached = max((_common(prompt, seen) for seen in self._seen), default=0)
         self._seen.append(prompt)
         self.calls.append({"messages": json.loads(prompt), "response_format": response_format,
-                           "max_tokens": max_tokens})
+                           "max_tokens": max_tokens, "temperature": kwargs.get("temperature"),
+                           "seed": kwargs.get("seed")})
         return Completion(text, [], "stop", Usage(len(prompt), cached, len(text)), self.model)
 
     def stream(self, messages: list[Message], **kwargs: Any) -> AsyncIterator[CompletionChunk]:

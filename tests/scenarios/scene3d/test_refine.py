@@ -76,6 +76,41 @@ def test_a_revision_that_breaks_what_passed_is_refused_and_the_next_one_lands():
     assert result.doc["objects"][0] == written()["objects"][0]
 
 
+def test_of_several_candidate_patches_the_checker_keeps_the_best_and_counts_them_all():
+    lifts_table = patch(("/objects/0/position/1", 1.0))  # refused: on_floor(table) passed before
+    idle = patch(("/objects/1/position/0", 0.25))  # applies, fixes nothing
+    model = ScriptedModel([dumps(written()), lifts_table, idle, FIX])
+    result = run(model, RefineConfig(candidates=3, candidate_temperature=0.7, seed=5))
+    assert result.stop_reason == "passed" and [r.kind for r in result.rounds] == ["write", "patch"]
+    fix = result.rounds[1]
+    assert (fix.candidates, fix.chosen, fix.text, fix.applied, fix.error) == (3, 2, FIX, True, None)
+    assert fix.to_dict()["candidates"] == 3 and fix.to_dict()["chosen"] == 2
+    # all three were asked the same prompt: the first at the loop's temperature, the rest sampled, seeds apart
+    asked = model.calls[1:]
+    assert asked[0]["messages"] == asked[1]["messages"] == asked[2]["messages"]
+    assert [c["temperature"] for c in asked] == [0.0, 0.7, 0.7]
+    assert len({c["seed"] for c in asked}) == 3
+    # only the kept answer joins the conversation; every candidate's tokens are spent and counted
+    assert result.messages[-1] == {"role": "assistant", "content": FIX}
+    assert [m["content"] for m in result.messages].count(idle) == 0
+    prompt = len(json.dumps(asked[0]["messages"]))
+    assert fix.prompt_tokens == 3 * prompt and fix.completion_tokens == len(lifts_table) + len(idle) + len(FIX)
+    assert result.spend.completion_tokens == result.rounds[0].completion_tokens + fix.completion_tokens
+    with pytest.raises(ValueError, match="candidates"):
+        RefineConfig(candidates=0)
+
+
+def test_when_no_candidate_applies_the_first_ones_refusal_is_fed_back():
+    lifts_table = patch(("/objects/0/position/1", 1.0))
+    negative = patch(("/objects/1/radius", -0.5))
+    model = ScriptedModel([dumps(written()), lifts_table, negative, FIX, FIX])
+    result = run(model, RefineConfig(candidates=2))
+    refused, fixed = result.rounds[1:]
+    assert (refused.chosen, refused.applied) == (0, False) and "breaks on_floor(table)" in refused.error
+    assert model.calls[3]["messages"][-1]["content"].startswith(refused.error)
+    assert fixed.applied and result.stop_reason == "passed"
+
+
 def test_a_patch_that_cannot_apply_or_breaks_the_scene_is_refused_and_said_so():
     unreadable = '{"patch":[{"op":"replace","path":"/objects/1/position/1"'  # cut short: no value
     negative = patch(("/objects/1/radius", -0.5))  # schema-shaped, but the scene would be invalid
