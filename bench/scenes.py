@@ -14,9 +14,12 @@ scene (one shot, the one-shot prompt) against the scene after at most --rounds J
 revisions, tokens and cost (built-in price sheet) per brief, and the prefix-cache hit rate of the
 revision calls. --candidates N asks for N patches per revision round (the first greedy, the rest
 sampled) and keeps the one the checker ranks best; every candidate's tokens are counted.
---base-url/--model run the same against an OpenAI-compatible upstream.
+The feedback quotes the checker's verified repair of each failed constraint (repair.py);
+--no-hints leaves them out; --ablation runs with them, then without. --base-url/--model run the same against an
+OpenAI-compatible upstream.
 
-    python bench/scenes.py --loop [--rounds 3] [--candidates 4] [--base-url URL --model NAME]
+    python bench/scenes.py --loop [--rounds 3] [--candidates 4] [--no-hints | --ablation] [--briefs a,b]
+                                  [--base-url URL --model NAME]
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def markdown(report: dict) -> str:
         f"{report['load_average_end'][0]}; `{report['command']}`"])
 
 
-def run_loop(model, rounds: int, candidates: int = 1) -> dict:
+def run_loop(model, rounds: int, candidates: int = 1, hints: bool = True, only: str = "") -> dict:
     """Every brief through the loop on `model` (a ChatModel); per-brief rows and the totals."""
     import asyncio
 
@@ -98,8 +101,8 @@ def run_loop(model, rounds: int, candidates: int = 1) -> dict:
     from mainspring.scenarios.scene3d import load_briefs
     from mainspring.scenarios.scene3d.refine import RefineConfig, refine
 
-    briefs = load_briefs()
-    config = RefineConfig(max_rounds=rounds, candidates=candidates)
+    briefs = [b for b in load_briefs() if not only or b.id in only.split(",")]
+    config = RefineConfig(max_rounds=rounds, candidates=candidates, repair_hints=hints)
 
     async def every_brief():
         return await asyncio.gather(*(refine(model, b, config) for b in briefs))
@@ -128,7 +131,8 @@ def run_loop(model, rounds: int, candidates: int = 1) -> dict:
     rev_cached = sum(x.cached_tokens for x in revision_calls)
     first_rate = sum(row["first_passed"] for row in rows) / n
     final_rate = sum(row["final_passed"] for row in rows) / n
-    return {"model": model.model, "rounds": rounds, "candidates": candidates, "briefs": len(rows), "constraints": n,
+    return {"model": model.model, "rounds": rounds, "candidates": candidates, "repair_hints": hints,
+            "briefs": len(rows), "constraints": n,
             "pass_rate_one_shot": round(first_rate, 4), "pass_rate_loop": round(final_rate, 4),
             "gain_points": round((final_rate - first_rate) * 100, 1),
             "briefs_all_pass_one_shot": sum(row["first_passed"] == row["constraints"] for row in rows),
@@ -146,18 +150,19 @@ def run_loop(model, rounds: int, candidates: int = 1) -> dict:
 
 
 def loop_markdown(report: dict) -> str:
-    lines = ["| model | constraint pass rate, one shot | after ≤ {r} revisions | gain | briefs passing (of 20) | "
+    lines = ["| model | constraint pass rate, one shot | after ≤ {r} revisions | gain | briefs passing | "
              "tokens / brief | cost / brief | prefix-cache hit, revisions |".format(r=report["rounds"]),
              "|---|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         cost = "—" if run["cost_per_brief_usd"] is None else f"${run['cost_per_brief_usd']:.6f}"
         per_round = f", {run['candidates']} candidates a round" if run.get("candidates", 1) > 1 else ""
+        per_round += "" if run.get("repair_hints", True) else ", no repair hints"
         lines.append(f"| {run['model']}{per_round} | {run['pass_rate_one_shot']:.1%} | {run['pass_rate_loop']:.1%} | "
                      f"{run['gain_points']:+.1f} points | {run['briefs_all_pass_one_shot']} → "
                      f"{run['briefs_all_pass_loop']} | {run['tokens_per_brief']:.0f} | {cost} | "
                      f"{run['prefix_cache_hit_rate_revisions']:.1%} |")
     lines.append(f"\n{report['cpu']}, {report['threads']} torch threads, {report['runs'][0]['wall_s']} s for the "
-                 f"20 briefs; `{report['command']}`")
+                 f"{report['runs'][0]['briefs']} briefs; `{report['command']}`")
     return "\n".join(lines)
 
 
@@ -176,14 +181,17 @@ def loop_main(args) -> None:
     engine = AsyncLLMEngine(LLMEngine(load_model("smollm2", Settings().cache_dir),
                                       EngineConfig(kv_cache_mb=1024, max_num_batched_tokens=2048)))
     try:
-        runs = [run_loop(LocalModel(engine), args.rounds, args.candidates)]
+        local = LocalModel(engine)
+        runs = [run_loop(local, args.rounds, args.candidates, not args.no_hints, args.briefs)]
+        if args.ablation and not args.no_hints:
+            runs.append(run_loop(local, args.rounds, args.candidates, False, args.briefs))
     finally:
         engine.close()
     if args.base_url:
         from mainspring.models.openai_compatible import OpenAICompatibleModel
 
         runs.append(run_loop(OpenAICompatibleModel(args.base_url, os.environ.get("OPENAI_API_KEY"), args.model),
-                             args.rounds, args.candidates))
+                             args.rounds, args.candidates, not args.no_hints, args.briefs))
     report = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": args.torch_threads,
               "rounds": args.rounds, "runs": runs, "load_average_end": [round(x, 2) for x in os.getloadavg()],
               "command": "python bench/scenes.py " + " ".join(sys.argv[1:])}
@@ -207,6 +215,9 @@ def main() -> None:
     ap.add_argument("--loop", action="store_true", help="the refinement loop over the 20 briefs (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--loop: revisions after the first scene")
     ap.add_argument("--candidates", type=int, default=1, help="--loop: patches asked for per revision round")
+    ap.add_argument("--no-hints", action="store_true", help="--loop: without the checker's verified repairs")
+    ap.add_argument("--ablation", action="store_true", help="--loop: then the same without the repairs")
+    ap.add_argument("--briefs", default="", help="--loop: only these brief ids (comma-separated)")
     ap.add_argument("--torch-threads", type=int, default=2, help="--loop: torch threads of the embedded engine")
     ap.add_argument("--base-url", default="", help="--loop: also an OpenAI-compatible upstream (OPENAI_API_KEY)")
     ap.add_argument("--model", default="", help="--loop: the upstream's model name")

@@ -2,21 +2,21 @@
 metres, overlap volume, angle, pixels) and the objects involved, named by id and by the JSON
 pointer a patch would use, with their current placement.
 
-Where the measurement itself says how far to move (a resting contact's vertical gap), the
-message gives the target value: a small model copies a number far better than it subtracts one.
+A failed constraint the checker found a verified repair for (repair.py) comes with that patch:
+a small model copies a number far better than it works one out from a gap and a size.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from mainspring.scenarios.scene3d.evaluate import BriefScore, constraint_refs
+from mainspring.scenarios.scene3d.repair import Repair
 from mainspring.scenes.checks.result import ConstraintResult
 from mainspring.scenes.patch import dumps
 
 _PLACEMENT_FIELDS = ("shape", "size", "radius", "height", "tube", "position", "rotation_deg")
-_RESTING = ("on_top_of", "supported_by", "on_floor")  # a vertical gap that moving `a` by -gap closes
 
 
 def involved_ids(result: ConstraintResult, constraint: Any, doc: dict[str, Any]) -> list[str]:
@@ -37,24 +37,18 @@ def object_line(doc: dict[str, Any], oid: str) -> str:
     return f"{oid} is not in the scene"
 
 
-def _hint(result: ConstraintResult, constraint: Any, doc: dict[str, Any]) -> str:
-    if result.type not in _RESTING or result.quantity != "gap" or result.value is None:
-        return ""
-    for i, obj in enumerate(doc.get("objects") or []):
-        if isinstance(obj, dict) and obj.get("id") == constraint.a and isinstance(obj.get("position"), list):
-            y = round(float(obj["position"][1]) - result.value, 3)
-            return f" To close it, set /objects/{i}/position/1 to {y:g}."
-    return ""
-
-
 def _measured(result: ConstraintResult) -> str:
     if result.value is None:
         return result.detail
     return f"{result.quantity} = {result.value:.4g} {result.unit} ({result.detail})"
 
 
-def check_feedback(doc: dict[str, Any], score: BriefScore, constraints: Sequence[Any]) -> str:
-    """The check of `doc` in words: its violations if it is invalid, else every failed constraint."""
+def check_feedback(doc: dict[str, Any], score: BriefScore, constraints: Sequence[Any],
+                   repairs: Mapping[int, Repair] | None = None,
+                   together: tuple[list[dict[str, Any]], list[int]] | None = None) -> str:
+    """The check of `doc` in words: its violations if it is invalid, else every failed constraint
+    (with its repair, where `repairs` has one, and `together`: one patch of several of them and
+    the constraints it fixes, from repair.combine_repairs)."""
     if not score.valid:
         lines = [f"The scene is invalid ({len(score.violations)} problem(s)):"]
         lines += [f"- {v.path}: {v.message}" for v in score.violations[:12]]
@@ -67,12 +61,22 @@ def check_feedback(doc: dict[str, Any], score: BriefScore, constraints: Sequence
     objects: list[str] = []
     for r in failed:
         c = constraints[r.index]
-        lines.append(f"- {r.label}: {_measured(r)}.{_hint(r, c, doc)}")
+        repair = (repairs or {}).get(r.index)
+        fix = f" The checker verified that this patch fixes it: {_patch_text(repair)}" if repair else ""
+        lines.append(f"- {r.label}: {_measured(r)}.{fix}")
         objects += [oid for oid in involved_ids(r, c, doc) if oid not in objects]
     if objects:
         lines.append("Objects involved:")
         lines += [f"- {object_line(doc, oid)}" for oid in objects]
+    if together and len(together[1]) > 1:
+        ops, fixed = together
+        lines.append(f"This one patch fixes {', '.join(score.results[i].label for i in fixed)} together "
+                     f"(verified): {dumps({'patch': ops})}")
     return "\n".join(lines)
+
+
+def _patch_text(repair: Repair) -> str:
+    return dumps({"patch": repair.ops})
 
 
 __all__ = ["check_feedback", "involved_ids", "object_line"]

@@ -32,6 +32,7 @@ from mainspring.scenarios.scene3d.briefs import Brief
 from mainspring.scenarios.scene3d.evaluate import BriefScore, score_constraints
 from mainspring.scenarios.scene3d.feedback import check_feedback, involved_ids
 from mainspring.scenarios.scene3d.generate import SYSTEM_PROMPT
+from mainspring.scenarios.scene3d.repair import combine_repairs, suggest_repairs
 from mainspring.scenes.patch import PatchError, apply_patch, dumps, patch_schema
 from mainspring.scenes.schema import decoding_schema
 
@@ -58,6 +59,7 @@ class RefineConfig:
     seed: int | None = 0
     candidates: int = 1  # patches asked for per revision round; the checker keeps the best
     candidate_temperature: float = 0.8  # for every candidate after the first
+    repair_hints: bool = True  # quote the checker's verified repair of each failed constraint (repair.py)
 
     def __post_init__(self) -> None:
         if self.max_rounds < 0 or self.scene_max_tokens < 1 or self.patch_max_tokens < 1 or self.max_ops < 1:
@@ -283,9 +285,14 @@ def revision_scope(doc: dict[str, Any], score: BriefScore, target: Target) -> di
             "rotations": any(r.type == "facing" for r, _ in failed)}
 
 
-def revision_request(doc: dict[str, Any], score: BriefScore, target: Target, refused: str | None = None) -> str:
+def revision_request(doc: dict[str, Any], score: BriefScore, target: Target, refused: str | None = None,
+                     config: RefineConfig | None = None) -> str:
+    config = config or RefineConfig()
+    repairs = suggest_repairs(doc, score, target, config.max_ops) if config.repair_hints else {}
+    together = combine_repairs(doc, score, target, config.max_ops) if len(repairs) > 1 else None
     parts = [refused] if refused else []
-    parts += [check_feedback(doc, score, target.constraints), f"The scene now: {dumps(doc)}", PATCH_RULES]
+    parts += [check_feedback(doc, score, target.constraints, repairs, together), f"The scene now: {dumps(doc)}",
+              PATCH_RULES]
     return "\n".join(parts)
 
 
@@ -302,7 +309,7 @@ async def revise(model: ChatModel, messages: list[Message], doc: dict[str, Any],
             return doc, score, "passed"
         if spend.exhausted:
             return doc, score, "budget"
-        messages.append({"role": "user", "content": revision_request(doc, score, target, refused)})
+        messages.append({"role": "user", "content": revision_request(doc, score, target, refused, config)})
         try:
             fmt = patch_format(doc, config.max_ops, **revision_scope(doc, score, target))
         except PatchError:  # nothing to point at (an upstream that ignored the scene format)
@@ -311,9 +318,9 @@ async def revise(model: ChatModel, messages: list[Message], doc: dict[str, Any],
             found = apply_answer(doc, text, target, score)
             return _rank(found, target), found
 
-        r, (revised, r.patch, refused) = await call_candidates(model, messages, fmt, config.patch_max_tokens,
-                                                                config, spend, len(rounds), judge)
-        r.error = refused
+        r, (revised, patch, refused) = await call_candidates(model, messages, fmt, config.patch_max_tokens,
+                                                              config, spend, len(rounds), judge)
+        r.patch, r.error = patch, refused
         if revised is not None:
             doc, score, r.applied = revised, target.score(revised), True
             r.preview_png = _preview(render, doc)

@@ -83,7 +83,7 @@ def no_floating(i: int, c, world: World) -> ConstraintResult:
         if any(abs(g.top_gap(p, q)) <= c.tolerance and g.footprint_overlap(p, q) > 0
                for q in world.placed if q is not p):
             continue
-        floating.append((_gap_to_support(p, world), p.id))
+        floating.append((gap_to_support(p, world), p.id))
     worst = max((gap for gap, _ in floating), key=abs, default=0.0)
     if floating:
         listed = ", ".join(f"{oid} ({gap:+.3f} m)" for gap, oid in floating[:8])
@@ -93,7 +93,7 @@ def no_floating(i: int, c, world: World) -> ConstraintResult:
     return result(i, c, not floating, "gap", worst, "m", detail)
 
 
-def _gap_to_support(p: Placed, world: World) -> float:
+def gap_to_support(p: Placed, world: World) -> float:
     """Signed gap from p's bottom to the highest surface under it (the floor if nothing else)."""
     tops = [q.hi[1] for q in world.placed if q is not p and g.footprint_overlap(p, q) > 0 and q.hi[1] <= p.lo[1] + 1e-9]
     return float(p.lo[1] - max([world.floor_y, *tops]))

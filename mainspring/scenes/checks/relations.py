@@ -52,6 +52,16 @@ def grounded(i: int, c, world: World) -> ConstraintResult:
 
 def ordering(i: int, c, world: World) -> ConstraintResult:
     a, b = world.by_id[c.a], world.by_id[c.b]
+    gap = g.separation(a, b, ordering_direction(c, world))
+    needed = c.min - c.tolerance
+    frame = {"world": "world axes", "camera": "the camera's view", "b": f"{c.b}'s own axes"}[c.frame]
+    return result(i, c, gap >= needed, "gap", gap, "m",
+                  f"{c.a} is {gap:+.3f} m beyond {c.b} {c.type.replace('_', ' ')} in {frame} "
+                  f"(>= {c.min:g} needed, {c.tolerance:g} tolerance)")
+
+
+def ordering_direction(c, world: World) -> np.ndarray:
+    """The unit world vector along which a direction constraint measures `a` beyond `b`."""
     axis, sign = _DIRECTIONS[c.type]
     if c.frame == "world":
         axes = np.eye(3)
@@ -59,14 +69,8 @@ def ordering(i: int, c, world: World) -> ConstraintResult:
         view = camera_view(world.scene.camera)
         axes = np.column_stack([view.right, view.up, view.backward])
     else:
-        axes = g.object_axes(b)
-    direction = sign * axes[:, axis]
-    gap = g.separation(a, b, direction)
-    needed = c.min - c.tolerance
-    frame = {"world": "world axes", "camera": "the camera's view", "b": f"{c.b}'s own axes"}[c.frame]
-    return result(i, c, gap >= needed, "gap", gap, "m",
-                  f"{c.a} is {gap:+.3f} m beyond {c.b} {c.type.replace('_', ' ')} in {frame} "
-                  f"(>= {c.min:g} needed, {c.tolerance:g} tolerance)")
+        axes = g.object_axes(world.by_id[c.b])
+    return sign * axes[:, axis]
 
 
 def distance(i: int, c, world: World) -> ConstraintResult:

@@ -51,7 +51,7 @@ def test_a_violated_constraint_is_fixed_by_one_revision():
     feedback = model.calls[1]["messages"][-1]["content"]  # what the model was told
     assert "on_top_of(cup, table): gap = 0.2 m" in feedback and "no_floating(*): gap = 0.2 m" in feedback
     assert "cup is /objects/1:" in feedback and "table is /objects/0:" in feedback  # ids and pointers
-    assert "set /objects/1/position/1 to 0.8" in feedback
+    assert '{"op":"replace","path":"/objects/1/position/1","value":0.8}' in feedback  # the verified repair
     assert f"The scene now: {dumps(written())}" in feedback
     # the revision was constrained to a JSON Patch of this document
     fmt = model.calls[1]["response_format"]["json_schema"]
