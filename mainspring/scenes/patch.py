@@ -90,7 +90,8 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> Patch:
 
 def patch_schema(doc: dict[str, Any], max_ops: int = 6, structural: bool = False,
                  object_schema: dict[str, Any] | None = None, rotations: bool = True,
-                 objects: Sequence[str] | None = None, camera: bool = True) -> dict[str, Any]:
+                 objects: Sequence[str] | None = None, camera: bool = True,
+                 remove_constraints: bool = False) -> dict[str, Any]:
     """The decoding schema of a revision of `doc`: {"patch": [operation, ...]} with 1..max_ops
     operations that replace a number or a vector `doc` has (a whole vector or one component), or
     add a rotation an object lacks. `structural` also allows removing an object and appending
@@ -98,7 +99,8 @@ def patch_schema(doc: dict[str, Any], max_ops: int = 6, structural: bool = False
     schema this one is merged into). Without `rotations`, no rotation may be added (a small model
     reaches for the first operation it is allowed, useful or not). `objects` narrows the pointers
     to those objects' (in that order: a model tends to take the first one offered), `camera`
-    says whether the camera may change."""
+    says whether the camera may change; `remove_constraints` lets it drop the scene's own
+    constraints (one that relates an object to itself makes a scene invalid)."""
     scalars, vectors, additions = _pointers(doc, objects, camera)
     if not rotations:
         additions = [p for p in additions if not p.endswith("/rotation_deg")]
@@ -109,12 +111,13 @@ def patch_schema(doc: dict[str, Any], max_ops: int = 6, structural: bool = False
         branches.append(_op("replace", {"enum": paths}, _vector(length)))
     if additions:
         branches.append(_op("add", {"enum": additions}, _vector(3)))
+    own = doc.get("constraints")
+    if remove_constraints and isinstance(own, list) and own:
+        branches.append(_remove([f"/constraints/{i}" for i in range(len(own))]))
     if structural:
         n = len(doc.get("objects") or [])
         if n:
-            branches.append({"type": "object", "properties": {"op": {"const": "remove"},
-                                                              "path": {"enum": [f"/objects/{i}" for i in range(n)]}},
-                             "required": ["op", "path"], "additionalProperties": False})
+            branches.append(_remove([f"/objects/{i}" for i in range(n)]))
         branches.append(_op("add", {"const": "/objects/-"}, object_schema or {"type": "object"}))
     if not branches:
         raise PatchError("the document has nothing a patch could change")
@@ -127,6 +130,11 @@ def _op(name: str, path: dict[str, Any], value: dict[str, Any]) -> dict[str, Any
     # op, path, value in that order: llguidance writes properties in schema order, as RFC 6902 shows them
     return {"type": "object", "properties": {"op": {"const": name}, "path": path, "value": value},
             "required": ["op", "path", "value"], "additionalProperties": False}
+
+
+def _remove(paths: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"op": {"const": "remove"}, "path": {"enum": paths}},
+            "required": ["op", "path"], "additionalProperties": False}
 
 
 def _vector(length: int) -> dict[str, Any]:

@@ -2,17 +2,18 @@
 metres, overlap volume, angle, pixels) and the objects involved, named by id and by the JSON
 pointer a patch would use, with their current placement.
 
-A failed constraint the checker found a verified repair for (repair.py) comes with that patch:
-a small model copies a number far better than it works one out from a gap and a size.
+A failed constraint the checker found a verified repair for (repair.py) comes with that patch,
+and an invalid scene with the patch that makes it valid: a small model copies a number far
+better than it works one out from a gap and a size.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from mainspring.scenarios.scene3d.evaluate import BriefScore, constraint_refs
-from mainspring.scenarios.scene3d.repair import Repair
+from mainspring.scenarios.scene3d.repair import Suggestions
 from mainspring.scenes.checks.result import ConstraintResult
 from mainspring.scenes.patch import dumps
 
@@ -44,14 +45,15 @@ def _measured(result: ConstraintResult) -> str:
 
 
 def check_feedback(doc: dict[str, Any], score: BriefScore, constraints: Sequence[Any],
-                   repairs: Mapping[int, Repair] | None = None,
-                   together: tuple[list[dict[str, Any]], list[int]] | None = None) -> str:
-    """The check of `doc` in words: its violations if it is invalid, else every failed constraint
-    (with its repair, where `repairs` has one, and `together`: one patch of several of them and
-    the constraints it fixes, from repair.combine_repairs)."""
+                   suggestions: Suggestions | None = None) -> str:
+    """The check of `doc` in words: its violations if it is invalid, else every failed constraint;
+    with the checker's verified repairs where `suggestions` has them (repair.suggest)."""
+    hints = suggestions or Suggestions()
     if not score.valid:
         lines = [f"The scene is invalid ({len(score.violations)} problem(s)):"]
         lines += [f"- {v.path}: {v.message}" for v in score.violations[:12]]
+        if hints.validity:
+            lines.append(f"The checker verified that this patch makes it valid: {_patch_text(hints.validity)}")
         return "\n".join(lines)
     failed = [r for r in score.results if not r.passed]
     lines = [f"Checks: {score.num_passed} of {len(score.results)} constraints pass."]
@@ -61,22 +63,21 @@ def check_feedback(doc: dict[str, Any], score: BriefScore, constraints: Sequence
     objects: list[str] = []
     for r in failed:
         c = constraints[r.index]
-        repair = (repairs or {}).get(r.index)
-        fix = f" The checker verified that this patch fixes it: {_patch_text(repair)}" if repair else ""
+        repair = hints.each.get(r.index)
+        fix = f" The checker verified that this patch fixes it: {_patch_text(repair.ops)}" if repair else ""
         lines.append(f"- {r.label}: {_measured(r)}.{fix}")
         objects += [oid for oid in involved_ids(r, c, doc) if oid not in objects]
     if objects:
         lines.append("Objects involved:")
         lines += [f"- {object_line(doc, oid)}" for oid in objects]
-    if together and len(together[1]) > 1:
-        ops, fixed = together
-        lines.append(f"This one patch fixes {', '.join(score.results[i].label for i in fixed)} together "
-                     f"(verified): {dumps({'patch': ops})}")
+    if hints.together:
+        fixed = ", ".join(score.results[i].label for i in hints.fixed_together)
+        lines.append(f"This one patch fixes {fixed} together (verified): {_patch_text(hints.together)}")
     return "\n".join(lines)
 
 
-def _patch_text(repair: Repair) -> str:
-    return dumps({"patch": repair.ops})
+def _patch_text(ops: list[dict[str, Any]]) -> str:
+    return dumps({"patch": ops})
 
 
 __all__ = ["check_feedback", "involved_ids", "object_line"]

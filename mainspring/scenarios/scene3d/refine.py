@@ -32,7 +32,7 @@ from mainspring.scenarios.scene3d.briefs import Brief
 from mainspring.scenarios.scene3d.evaluate import BriefScore, score_constraints
 from mainspring.scenarios.scene3d.feedback import check_feedback, involved_ids
 from mainspring.scenarios.scene3d.generate import SYSTEM_PROMPT
-from mainspring.scenarios.scene3d.repair import combine_repairs, suggest_repairs
+from mainspring.scenarios.scene3d.repair import suggest
 from mainspring.scenes.patch import PatchError, apply_patch, dumps, patch_schema
 from mainspring.scenes.schema import decoding_schema
 
@@ -181,8 +181,10 @@ def scene_format(objects: Sequence[str]) -> dict[str, Any]:
 
 def patch_format(doc: dict[str, Any], max_ops: int, structural: bool = False,
                  extra: dict[str, Any] | None = None, rotations: bool = True,
-                 objects: Sequence[str] | None = None, camera: bool = True) -> dict[str, Any]:
-    schema = patch_schema(doc, max_ops, structural, rotations=rotations, objects=objects, camera=camera)
+                 objects: Sequence[str] | None = None, camera: bool = True,
+                 remove_constraints: bool = False) -> dict[str, Any]:
+    schema = patch_schema(doc, max_ops, structural, rotations=rotations, objects=objects, camera=camera,
+                          remove_constraints=remove_constraints)
     if extra:
         schema["properties"].update(extra.get("properties", {}))
         schema["required"] += extra.get("required", [])
@@ -274,9 +276,9 @@ _VIEW_CHECKS = ("visible_in_camera", "in_frame")
 def revision_scope(doc: dict[str, Any], score: BriefScore, target: Target) -> dict[str, Any]:
     """What a revision may touch: the objects the failed checks are about (their `a` first: the
     one a relation places), the camera only when a view check failed, a rotation only when a
-    facing check did. An invalid scene may need anything fixed."""
+    facing check did. An invalid scene may need anything fixed, its own constraints dropped too."""
     if not score.valid:
-        return {}
+        return {"remove_constraints": True}
     failed = [(r, target.constraints[r.index]) for r in score.results if not r.passed]
     ids: list[str] = [oid for oid in score.missing]
     for r, c in failed:
@@ -288,11 +290,9 @@ def revision_scope(doc: dict[str, Any], score: BriefScore, target: Target) -> di
 def revision_request(doc: dict[str, Any], score: BriefScore, target: Target, refused: str | None = None,
                      config: RefineConfig | None = None) -> str:
     config = config or RefineConfig()
-    repairs = suggest_repairs(doc, score, target, config.max_ops) if config.repair_hints else {}
-    together = combine_repairs(doc, score, target, config.max_ops) if len(repairs) > 1 else None
+    hints = suggest(doc, score, target, config.max_ops) if config.repair_hints else None
     parts = [refused] if refused else []
-    parts += [check_feedback(doc, score, target.constraints, repairs, together), f"The scene now: {dumps(doc)}",
-              PATCH_RULES]
+    parts += [check_feedback(doc, score, target.constraints, hints), f"The scene now: {dumps(doc)}", PATCH_RULES]
     return "\n".join(parts)
 
 

@@ -1,7 +1,9 @@
 """Repairs the checker can vouch for: for each failed constraint, a few candidate moves (an
 object's position, or its yaw for `facing`), each applied to a copy of the scene and measured
 again. A move is kept only if that constraint then passes and nothing that passed breaks; the
-feedback quotes it as the values to set, and the model still writes the patch.
+feedback quotes it as a patch, and the model still writes the patch it sends. An invalid scene
+gets the patch that makes it valid, where one of a few known faults is the cause (the camera
+looking at its own position, a constraint relating an object to itself).
 
 Why: the measurement already says how far an object is from where it must be, but a 135M model
 cannot turn "0.231 m beyond, >= 0.3 needed" and a size into a coordinate; it copies a number
@@ -13,7 +15,8 @@ own position through its parent's transform.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -41,6 +44,83 @@ class Repair:
     index: int
     label: str
     ops: Ops
+
+
+@dataclass(frozen=True)
+class Suggestions:
+    """What the feedback quotes: a repair per failed constraint, one patch chaining several of
+    them and the constraints it fixes, or, for an invalid scene, a patch that makes it valid."""
+
+    each: dict[int, Repair] = field(default_factory=dict)
+    together: Ops = field(default_factory=list)
+    fixed_together: list[int] = field(default_factory=list)
+    validity: Ops = field(default_factory=list)
+
+
+def suggest(doc: dict[str, Any], score: BriefScore, target: Any, max_ops: int = 6) -> Suggestions:
+    if not score.valid:
+        return Suggestions(validity=repair_violations(doc, score, target))
+    each = suggest_repairs(doc, score, target, max_ops)
+    if len(each) < 2:
+        return Suggestions(each)
+    together, fixed = combine_repairs(doc, score, target, max_ops)
+    return Suggestions(each, together, fixed) if len(fixed) > 1 else Suggestions(each)
+
+
+def repair_violations(doc: dict[str, Any], score: BriefScore, target: Any, steps: int = 3) -> Ops:
+    """A patch that makes an invalid scene valid, or [] if these do not: drop the scene's own
+    constraints that are at fault (the brief's are what is measured) and, when the camera is, aim
+    it at the objects from the view that lets the most constraints pass. Validation reports one
+    level at a time (the camera before the constraints), so fixes are found in steps."""
+    ops: Ops = []
+    current, now = doc, score
+    for _ in range(steps):
+        best: tuple[int, Ops, Any, BriefScore] | None = None
+        for trial in _validity_trials(current, now):
+            try:
+                revised = apply_patch(current, trial)
+            except PatchError:
+                continue
+            after = target.score(revised)
+            rank = after.num_passed if after.valid else -1
+            if best is None or rank > best[0]:
+                best = (rank, trial, revised, after)
+        if best is None:
+            return []
+        ops, current, now = ops + best[1], best[2], best[3]
+        if now.valid:
+            return ops
+    return []
+
+
+def _validity_trials(doc: dict[str, Any], score: BriefScore) -> list[Ops]:
+    dropped = sorted({int(m.group(1)) for v in score.violations
+                      if (m := re.match(r"\$\.constraints\[(\d+)\]", v.path))}, reverse=True)
+    ops: Ops = [{"op": "remove", "path": f"/constraints/{i}"} for i in dropped]
+    if any(v.path.startswith("$.camera") for v in score.violations):
+        return [ops + view for view in _camera_views(doc)]
+    return [ops] if ops else []
+
+
+def _camera_views(doc: dict[str, Any]) -> Iterator[Ops]:
+    """The camera moved back from the objects' centre, looking at it, from the front, front right
+    and front left."""
+    camera = doc.get("camera")
+    if not isinstance(camera, dict) or not all(isinstance(camera.get(k), list) for k in ("position", "look_at")):
+        return
+    points = [o["position"] for o in doc.get("objects") or [] if isinstance(o, dict)
+              and isinstance(o.get("position"), list) and len(o["position"]) == 3]
+    centre = np.mean(points, axis=0) if points else np.zeros(3)
+    spread = max((float(np.linalg.norm(np.subtract(p, centre))) for p in points), default=0.0)
+    distance = 2.5 + 2.0 * spread
+    for way in ((0.0, 0.45, 1.0), (0.7, 0.5, 1.0), (-0.7, 0.5, 1.0)):
+        unit = np.asarray(way) / np.linalg.norm(way)
+        yield [{"op": "replace", "path": "/camera/position", "value": _rounded(centre + unit * distance)},
+               {"op": "replace", "path": "/camera/look_at", "value": _rounded(centre)}]
+
+
+def _rounded(v: np.ndarray) -> list[float]:
+    return [round(float(x), 3) for x in v]
 
 
 def suggest_repairs(doc: dict[str, Any], score: BriefScore, target: Any, max_ops: int = 6) -> dict[int, Repair]:
@@ -225,4 +305,4 @@ def _move_ops(doc: dict[str, Any], world: World, move: Move) -> Ops:
     return ops
 
 
-__all__ = ["MARGIN", "Repair", "combine_repairs", "suggest_repairs"]
+__all__ = ["MARGIN", "Repair", "Suggestions", "combine_repairs", "repair_violations", "suggest", "suggest_repairs"]

@@ -14,7 +14,7 @@ import pytest
 from mainspring.scenarios.scene3d import load_briefs
 from mainspring.scenarios.scene3d.dialogue import parse_constraints
 from mainspring.scenarios.scene3d.refine import RefineConfig, Target, refine
-from mainspring.scenarios.scene3d.repair import combine_repairs, suggest_repairs
+from mainspring.scenarios.scene3d.repair import combine_repairs, repair_violations, suggest_repairs
 from mainspring.scenes.patch import apply_patch, dumps
 from tests.scenarios.scene3d.scripted import ScriptedModel
 
@@ -133,3 +133,38 @@ def test_the_loop_quotes_the_verified_patch_unless_told_not_to(hints):
     quoted = f"The checker verified that this patch fixes it: {fix}"
     assert (quoted in feedback) is hints
     assert "on_top_of(cup, table): gap = 0.2 m" in feedback  # the measurement is there either way
+
+
+SNOWMAN = next(b for b in BRIEFS if b.id == "snowman")
+
+
+def blind_scene(brief) -> dict:
+    """What the embedded model wrote for several briefs: every object at one point, and the camera
+    at that point too, looking at itself (invalid), with a constraint relating an object to itself."""
+    objects = [{"id": oid, "shape": "box", "size": [0.6, 0.6, 0.6], "position": [0.3, 0.3, 0.3]}
+               for oid in brief.objects]
+    return {"schema": "scene/0.1", "objects": objects,
+            "camera": {"position": [0.3, 0.3, 0.3], "look_at": [0.3, 0.3, 0.3]},
+            "constraints": [{"type": "on_top_of", "a": brief.objects[0], "b": brief.objects[0]}]}
+
+
+def test_an_invalid_scene_gets_the_patch_that_makes_it_valid():
+    doc = blind_scene(SNOWMAN)
+    t = Target.of(SNOWMAN)
+    score = t.score(doc)
+    assert not score.valid and [v.path for v in score.violations] == ["$.camera"]
+    ops = repair_violations(doc, score, t)  # validation names the self-relation only once the camera is fixed
+    assert {"op": "remove", "path": "/constraints/0"} in ops
+    assert {op["path"] for op in ops} >= {"/camera/position", "/camera/look_at"}
+    assert t.score(apply_patch(doc, ops)).valid
+
+
+def test_the_loop_quotes_the_validity_patch_and_the_patch_format_allows_it():
+    doc = blind_scene(SNOWMAN)
+    t = Target.of(SNOWMAN)
+    ops = repair_violations(doc, t.score(doc), t)
+    model = ScriptedModel([dumps(doc), dumps({"patch": ops})])  # the script checks the answer against the format
+    result = asyncio.run(refine(model, SNOWMAN, RefineConfig(max_rounds=1)))
+    feedback = model.calls[1]["messages"][-1]["content"]
+    assert f"The checker verified that this patch makes it valid: {dumps({'patch': ops})}" in feedback
+    assert result.rounds[1].applied and result.final.valid
