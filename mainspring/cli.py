@@ -152,13 +152,16 @@ def serve(
     import uvicorn
 
     from mainspring.api.app import create_app
+    from mainspring.scenarios.scene3d.thread_state import SceneThreads
 
     s = get_settings()
     if model:
         s = s.model_copy(update={"model": model})
     _refuse_bad_database(s)
     try:
-        uvicorn.run(create_app(s), host=host or s.host, port=port or s.port, log_level="info")
+        # the design dialogue behind /v1/scenes/threads: api may not import scenarios, so it is handed in here
+        uvicorn.run(create_app(s, scene_dialogue=SceneThreads()), host=host or s.host, port=port or s.port,
+                    log_level="info")
     except EngineError as exc:
         fail(str(exc))
 

@@ -44,10 +44,12 @@ def _build_engines(settings: Settings):
 
 
 def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None,
-               train_fn=None) -> FastAPI:
+               train_fn=None, scene_dialogue=None) -> FastAPI:
     """`engine` (an AsyncLLMEngine) may be given by tests; otherwise it loads at startup. `agent_models` (model
     name -> ChatModel) and `agent_tools` (name -> Tool) replace the agent runtime's defaults (tests), and
-    `train_fn` the fine-tuning runner's trainer (mainspring.train.trainer.run_training)."""
+    `train_fn` the fine-tuning runner's trainer (mainspring.train.trainer.run_training). `scene_dialogue` serves
+    /v1/scenes/threads (routes/scene_threads.py): the scenario layer's, which this layer may not import, so the
+    caller above both gives it (cli.py `serve`); without it those routes answer 404 (`not_served`)."""
     settings = settings or get_settings()
 
     owns_engine = engine is None  # an engine given by the caller is the caller's to close
@@ -113,6 +115,7 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     app.state.upstreams = Upstreams.load(settings.upstreams_file)  # OpenAI-compatible endpoints served as models
     app.state.finetuned = FineTunedModels(settings, app.state.economics.db)  # ft:... models, loaded on first use
     app.state.fine_tuning = None  # the FineTuningRunner, from startup on
+    app.state.scene_dialogue = scene_dialogue  # a routes.scene_threads.SceneDialogue, or None
     app.state.started = time.time()
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=int(settings.max_request_mb * 2**20),

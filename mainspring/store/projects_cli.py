@@ -104,12 +104,12 @@ def sweep_cmd(
         results = sweep(url, settings.data_dir, project=project, dry_run=dry_run,
                         limit=DRY_RUN_LIMIT if dry_run else DEFAULT_LIMIT)
         for r in results:
-            t = totals.setdefault(f"{r.project} ({r.retention_days} days)", [0, 0, 0])
-            t[0], t[1], t[2] = t[0] + r.responses, t[1] + r.batches, t[2] + r.files
+            t = totals.setdefault(f"{r.project} ({r.retention_days} days)", [0, 0, 0, 0])
+            t[0], t[1], t[2], t[3] = t[0] + r.responses, t[1] + r.batches, t[2] + r.files, t[3] + r.scene_threads
         if dry_run or not any(r.total for r in results):
             break
     if not totals:
         typer.echo("no project has a retention setting")
     verb = "would delete" if dry_run else "deleted"
-    for name, (responses, batches, files) in totals.items():
-        typer.echo(f"{name}: {verb} {responses} responses, {batches} batches, {files} files")
+    for name, (responses, batches, files, threads) in totals.items():
+        typer.echo(f"{name}: {verb} {responses} responses, {batches} batches, {files} files, {threads} scene threads")

@@ -3,6 +3,7 @@
 What is swept, for each project whose policy sets `retention_days` (mainspring/store/data_policy.py):
 
 * `responses` (the Responses API's stored input and output items),
+* `scene_threads` (the 3D design dialogue's stored conversations) not written to since the cutoff,
 * `batches` that have finished (completed, failed, expired, cancelled), their rows only,
 * `files` (uploads, batch input/output/error files, fine-tuning files) and their content on disk, except a file
   that a batch still kept references, or that a fine-tuning job still queued, running or paused reads.
@@ -27,7 +28,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from mainspring.store.db import session
-from mainspring.store.tables import ApiKey, BatchRow, FileRow, FineTuningJobRow, Project, ResponseRow
+from mainspring.store.tables import ApiKey, BatchRow, FileRow, FineTuningJobRow, Project, ResponseRow, SceneThreadRow
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +45,23 @@ class ProjectSweep:
     responses: int = 0
     batches: int = 0
     files: int = 0
+    scene_threads: int = 0
     file_paths: list[str] = field(default_factory=list)  # relative to data_dir, deleted after the commit
 
     @property
     def total(self) -> int:
-        return self.responses + self.batches + self.files
+        return self.responses + self.batches + self.files + self.scene_threads
 
 
 def _old_responses(s: Session, project_id: int, cutoff: datetime, limit: int) -> list[str]:
     return list(s.scalars(select(ResponseRow.id).where(ResponseRow.project_id == project_id,
                                                        ResponseRow.created_at < cutoff).limit(limit)))
+
+
+def _old_scene_threads(s: Session, project_id: int, cutoff: datetime, limit: int) -> list[str]:
+    # a thread still being talked to is not old: its last turn counts, not its first
+    return list(s.scalars(select(SceneThreadRow.id).where(SceneThreadRow.project_id == project_id,
+                                                          SceneThreadRow.updated_at < cutoff).limit(limit)))
 
 
 def _project_keys(project_id: int):
@@ -95,7 +103,9 @@ def _sweep_project(s: Session, project: Project, now: datetime, limit: int, dry_
     responses = _old_responses(s, project.id, out.cutoff, limit)
     batches = _old_batches(s, project.id, out.cutoff, limit)
     files = _old_files(s, project.id, out.cutoff, limit, set(batches))
+    threads = _old_scene_threads(s, project.id, out.cutoff, limit)
     out.responses, out.batches, out.files = len(responses), len(batches), len(files)
+    out.scene_threads = len(threads)
     out.file_paths = [f.path for f in files]
     if not dry_run:
         if responses:
@@ -104,6 +114,8 @@ def _sweep_project(s: Session, project: Project, now: datetime, limit: int, dry_
             s.execute(delete(BatchRow).where(BatchRow.id.in_(batches)))
         if files:
             s.execute(delete(FileRow).where(FileRow.id.in_([f.id for f in files])))
+        if threads:
+            s.execute(delete(SceneThreadRow).where(SceneThreadRow.id.in_(threads)))
     return out
 
 
@@ -125,7 +137,7 @@ def sweep(db: Engine | str, data_dir: Path, *, project: str | None = None, dry_r
             for rel in r.file_paths:
                 (data_dir / rel).unlink(missing_ok=True)
         if r.total:
-            log.info("retention%s: project %s (%d days): %d responses, %d batches, %d files older than %s",
-                     " (dry run)" if dry_run else "", r.project, r.retention_days, r.responses, r.batches, r.files,
-                     r.cutoff.isoformat(timespec="seconds"))
+            log.info("retention%s: project %s (%d days): %d responses, %d batches, %d files, %d scene threads "
+                     "older than %s", " (dry run)" if dry_run else "", r.project, r.retention_days, r.responses,
+                     r.batches, r.files, r.scene_threads, r.cutoff.isoformat(timespec="seconds"))
     return results

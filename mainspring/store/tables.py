@@ -255,3 +255,23 @@ class ResponseRow(Base):
     output_json: Mapped[str] = mapped_column(Text)  # output items
     usage_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class SceneThreadRow(Base):
+    """A design thread of the 3D scenario (POST /v1/scenes/threads): a multi-turn conversation over one scene,
+    stored between turns as its dialogue state (scenarios/scene3d/dialogue.py `DesignThread.to_state`). It
+    belongs to the project of the key that opened it (anonymous callers: project None). `version` grows with
+    every turn written: a turn is saved only over the version it started from, so two turns at once never
+    lose one's update."""
+
+    __tablename__ = "scene_threads"
+    __table_args__ = (Index("ix_scene_threads_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "sth_<hex>"
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"), nullable=True)
+    api_key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    model: Mapped[str] = mapped_column(String(255))  # the name asked for, resolved again on every turn
+    state_json: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -16,7 +16,7 @@ from mainspring.store.tables import Project
 TABLES = {"projects", "api_keys", "price_sheets", "ledger_entries", "budgets", "reservations", "files", "batches",
           "agents", "threads", "runs", "steps", "tool_calls", "interrupts", "events", "artifacts", "audit_log",
           "responses", "plans", "plan_tasks", "plan_events", "leader_leases", "schedules", "schedule_fires",
-          "plan_messages", "plan_waits", "deadlocks"}
+          "plan_messages", "plan_waits", "deadlocks", "scene_threads"}
 
 
 def _head(url: str) -> str | None:

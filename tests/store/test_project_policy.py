@@ -15,7 +15,7 @@ from mainspring.store.data_policy import (DEFAULT_POLICY, UNCHANGED, DataPolicy,
 from mainspring.store.db import session
 from mainspring.store.projects_cli import projects_app
 from mainspring.store.retention import sweep
-from mainspring.store.tables import ApiKey, BatchRow, FileRow, LedgerEntry, Project, ResponseRow
+from mainspring.store.tables import ApiKey, BatchRow, FileRow, LedgerEntry, Project, ResponseRow, SceneThreadRow
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 OLD = NOW - timedelta(days=40)
@@ -106,6 +106,8 @@ def _stored(s, key: ApiKey, tag: str, at: datetime, data_dir) -> None:
     s.flush()
     s.add(BatchRow(id=f"batch_{tag}", input_file_id=f"file-{tag}-in", output_file_id=f"file-{tag}-out",
                    endpoint="/v1/chat/completions", status="completed", api_key_id=key.id, created_at=at))
+    s.add(SceneThreadRow(id=f"sth_{tag}", project_id=key.project_id, api_key_id=key.id, model="m", state_json="{}",
+                         created_at=at, updated_at=at))
     s.add(LedgerEntry(request_id=f"req-{tag}", api_key_id=key.id, project_id=key.project_id, model="m",
                       tier="standard", endpoint="/v1/responses", price_sheet_version="v1", ts=at))
 
@@ -117,20 +119,24 @@ def test_sweep_deletes_only_old_rows_of_the_project_and_keeps_the_ledger(databas
         for key in (acme, other):
             _stored(s, key, f"{key.id}-old", OLD, tmp_path)
             _stored(s, key, f"{key.id}-new", RECENT, tmp_path)
+        s.add(SceneThreadRow(id="sth_talked_to", project_id=acme.project_id, model="m", state_json="{}",
+                             created_at=OLD, updated_at=RECENT))  # opened long ago, its last turn recent: kept
         set_policy(s, acme.project_id, retention_days=30)
 
     dry = sweep(database_url, tmp_path, dry_run=True, now=NOW)
-    assert [(r.project, r.responses, r.batches, r.files) for r in dry] == [("acme", 1, 1, 2)]
+    assert [(r.project, r.responses, r.batches, r.files, r.scene_threads) for r in dry] == [("acme", 1, 1, 2, 1)]
     with session(database_url, readonly=True) as s:
         assert s.scalar(select(func.count()).select_from(ResponseRow)) == 4  # a dry run deletes nothing
 
     done = sweep(database_url, tmp_path, now=NOW)
-    assert [(r.project, r.responses, r.batches, r.files) for r in done] == [("acme", 1, 1, 2)]
+    assert [(r.project, r.responses, r.batches, r.files, r.scene_threads) for r in done] == [("acme", 1, 1, 2, 1)]
     with session(database_url, readonly=True) as s:
         assert set(s.scalars(select(ResponseRow.id))) == {f"resp_{acme.id}-new", f"resp_{other.id}-old",
                                                           f"resp_{other.id}-new"}
         assert set(s.scalars(select(BatchRow.id))) == {f"batch_{acme.id}-new", f"batch_{other.id}-old",
                                                        f"batch_{other.id}-new"}
+        assert set(s.scalars(select(SceneThreadRow.id))) == {f"sth_{acme.id}-new", "sth_talked_to",
+                                                             f"sth_{other.id}-old", f"sth_{other.id}-new"}
         assert f"file-{acme.id}-old-in" not in set(s.scalars(select(FileRow.id)))
         assert s.scalar(select(func.count()).select_from(FileRow)) == 6
         assert s.scalar(select(func.count()).select_from(LedgerEntry)) == 4  # books and records stay

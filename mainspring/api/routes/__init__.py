@@ -21,11 +21,11 @@ def api_router() -> APIRouter:
     # imported here: they import this module
     from mainspring.api.routes import chat, completions, embeddings, messages, models, usage
     from mainspring.api.routes import agents, batches, files, fine_tuning, graders, plans, responses, runs
-    from mainspring.api.routes import budgets, diagnostics, scenes, schedules
+    from mainspring.api.routes import budgets, diagnostics, scene_threads, scenes, schedules
 
     router = APIRouter(dependencies=[Depends(_authenticate)])
     for module in (models, chat, completions, messages, embeddings, usage, files, batches, fine_tuning, graders,
-                   agents, runs, plans, schedules, diagnostics, responses, scenes, budgets):
+                   agents, runs, plans, schedules, diagnostics, responses, scenes, scene_threads, budgets):
         router.include_router(module.router)
     outer = APIRouter()
     outer.include_router(router)

@@ -11,12 +11,15 @@ After every turn all pinned constraints are re-checked. One that passed before t
 fails after it is reported as broken by the edit, and repair rounds (refine.revise, with the
 pinned list as the target) try to restore it. The edit itself is applied even when it breaks
 something (it is what the user asked for); what is never accepted silently is the breakage.
+
+`DesignThread.to_state()` is the thread as JSON and `DesignThread.from_state()` reads it back, so a
+thread can be stored between turns (the API's scene threads): the next turn continues it exactly.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
 from pydantic import TypeAdapter, ValidationError
@@ -84,6 +87,24 @@ class TurnResult:
                 "rounds": [r.to_dict() for r in self.rounds]}
 
 
+@dataclass(frozen=True)
+class StoredTurn:
+    """A turn of a thread read back from its state: its report as it was made. The rounds' scores are
+    not kept (nor the scenes they measured); the next turn needs only how many turns came before."""
+
+    record: dict[str, Any]
+
+    @property
+    def turn(self) -> int:
+        return int(self.record["turn"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.record)
+
+
+STATE_VERSION = 1  # of to_state's layout; from_state refuses any other
+
+
 @dataclass
 class DesignThread:
     messages: list[Message]
@@ -91,7 +112,7 @@ class DesignThread:
     pinned: list[Pinned]
     config: RefineConfig
     spend: Spend
-    turns: list[TurnResult] = field(default_factory=list)
+    turns: list[TurnResult | StoredTurn] = field(default_factory=list)
 
     def object_ids(self) -> list[str]:
         return [o["id"] for o in (self.doc or {}).get("objects", []) if isinstance(o, dict) and "id" in o]
@@ -132,6 +153,30 @@ class DesignThread:
                                             for p in self.pinned],
                 "turns": [t.to_dict() for t in self.turns], "tokens": self.spend.to_dict()}
 
+    def to_state(self) -> dict[str, Any]:
+        """Everything the next turn needs, as JSON: the conversation (the prompt only grows at its end,
+        so a prefix cache still serves it after a restore), the scene, the agreements with their turns,
+        the loop's settings, the spend against the budget and every turn's report."""
+        spend = self.spend
+        return {"version": STATE_VERSION, "messages": self.messages, "doc": self.doc,
+                "pinned": [{"constraint": p.constraint.model_dump(mode="json"), "turn": p.turn} for p in self.pinned],
+                "config": asdict(self.config),
+                "spend": {"budget": spend.budget, "prompt_tokens": spend.prompt_tokens,
+                          "cached_tokens": spend.cached_tokens, "completion_tokens": spend.completion_tokens},
+                "turns": [t.to_dict() for t in self.turns]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> DesignThread:
+        """The thread `to_state` wrote. Settings RefineConfig no longer has are dropped and new ones take
+        their defaults, so a stored thread outlives a change of the loop's settings."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"a design thread's state of version {state.get('version')!r}, not {STATE_VERSION}")
+        known = {f.name for f in fields(RefineConfig)}
+        config = RefineConfig(**{k: v for k, v in state["config"].items() if k in known})
+        pinned = [Pinned(_CONSTRAINT.validate_python(p["constraint"]), int(p["turn"])) for p in state["pinned"]]
+        turns: list[TurnResult | StoredTurn] = [StoredTurn(t) for t in state["turns"]]
+        return cls(list(state["messages"]), state["doc"], pinned, config, Spend(**state["spend"]), turns)
+
 
 _OPPOSITE = {"above": "below", "below": "above", "left_of": "right_of", "right_of": "left_of",
              "in_front_of": "behind", "behind": "in_front_of"}
@@ -164,8 +209,17 @@ def parse_constraints(values: Any) -> tuple[list[Any], list[str]]:
         try:
             ok.append(_CONSTRAINT.validate_python(v))
         except ValidationError as exc:
-            bad.append(f"{dumps(v)}: {exc.errors()[0]['msg']}")
+            bad.append(f"{_shown(v)}: {exc.errors()[0]['msg']}")
     return ok, bad
+
+
+def _shown(value: Any) -> str:
+    """`value` as JSON, or as Python where JSON cannot say it: an HTTP body's NaN (Python's JSON parser
+    reads it) must be reported as bad input, not fail the report."""
+    try:
+        return dumps(value)
+    except ValueError:
+        return repr(value)
 
 
 def turn_format(doc: dict[str, Any], config: RefineConfig) -> dict[str, Any]:
@@ -267,5 +321,5 @@ async def user_turn(model: ChatModel, thread: DesignThread, text: str, constrain
     return result
 
 
-__all__ = ["DesignThread", "Pinned", "TURN_RULES", "TurnResult", "contradicts", "parse_constraints", "start_thread",
-           "turn_format", "user_turn"]
+__all__ = ["DesignThread", "Pinned", "STATE_VERSION", "StoredTurn", "TURN_RULES", "TurnResult", "contradicts",
+           "parse_constraints", "start_thread", "turn_format", "user_turn"]
