@@ -79,22 +79,43 @@ def check_cmd(path: Path = SceneFile,
 def render_cmd(path: Path = SceneFile,
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG to write (default: FILE.png)"),
                ids: Optional[Path] = typer.Option(None, "--ids", help="also write the ID buffer in false colour"),
-               width: int = typer.Option(512, min=16, max=4096, help="image width in pixels")) -> None:
-    """Render the shaded preview from the scene's camera (headless: EGL, Mesa llvmpipe)."""
+               width: int = typer.Option(512, min=16, max=4096, help="image width in pixels"),
+               renderer: str = typer.Option("moderngl", "--renderer",
+                                            help="moderngl (EGL, llvmpipe: a fraction of a second) or blender "
+                                                 "(Cycles on the CPU, needs bpy: tens of seconds)"),
+               samples: int = typer.Option(16, min=1, max=4096, help="Cycles samples per pixel (blender)"),
+               blend: Optional[Path] = typer.Option(None, "--blend", help="blender: also save the .blend")) -> None:
+    """Render the shaded preview from the scene's camera (headless: EGL, Mesa llvmpipe; or Cycles)."""
     from mainspring.scenes.preview import RenderUnavailable, shared_renderer
+    from mainspring.scenes.render_settings import RENDERERS
 
+    if renderer not in RENDERERS:
+        fail(f"--renderer must be one of {', '.join(RENDERERS)}, not {renderer!r}")
+    if blend is not None and renderer != "blender":
+        fail("--blend needs --renderer blender")
     world = _world(path)
+    out = out or path.with_suffix(".png")
     try:
         frame = shared_renderer().render(world, width)
     except RenderUnavailable as exc:
         fail(str(exc))
-    out = out or path.with_suffix(".png")
-    _write(out, frame.png())
+    if renderer == "blender":
+        from mainspring.scenes.blender_render import blender_unavailable_reason, render_blender
+
+        reason = blender_unavailable_reason()
+        if reason:
+            fail(reason)
+        with err.status(f"Cycles: {width} px, {samples} samples"):
+            done = render_blender(world.scene, path.parent, width, samples, blend)
+        _write(out, done.png)
+    else:
+        _write(out, frame.png())
     if ids is not None:
         _write(ids, frame.ids_png())
     visible = sum(1 for n in frame.pixel_counts().values() if n > 0)
+    saved = f"; saved {blend}" if blend is not None else ""
     typer.echo(f"wrote {out} ({frame.ids.shape[1]}x{frame.ids.shape[0]}, "
-               f"{visible}/{len(frame.object_ids)} objects visible)")
+               f"{visible}/{len(frame.object_ids)} objects visible, {renderer}){saved}")
 
 
 @app.command("export")

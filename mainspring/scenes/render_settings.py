@@ -26,6 +26,12 @@ class RenderSettings:
         if not 1 <= self.samples <= 4096:
             raise ValueError("samples must be between 1 and 4096")
 
+    @property
+    def sandbox_profile(self) -> str:
+        """The sandbox profile a render job with these settings runs under (mainspring/sandbox/profiles.py):
+        Cycles needs minutes of CPU where a moderngl frame needs a fraction of a second."""
+        return "render_cycles" if self.renderer == "blender" else "render"
+
     def job_args(self) -> list[str]:
         """The render job's options for these settings (none for the defaults)."""
         args = [] if self.width == 512 else ["--width", str(self.width)]

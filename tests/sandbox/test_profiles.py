@@ -7,8 +7,8 @@ from mainspring.sandbox.profiles import BUILTIN, load_profiles
 
 
 def test_builtin_profiles_exist_with_their_distinguishing_limits():
-    assert set(BUILTIN) == {"python", "pytest", "shell", "render"}
-    assert BUILTIN["render"].egl and not BUILTIN["python"].egl
+    assert set(BUILTIN) == {"python", "pytest", "shell", "render", "render_cycles"}
+    assert BUILTIN["render"].egl and BUILTIN["render_cycles"].egl and not BUILTIN["python"].egl
     assert not BUILTIN["shell"].runtime and BUILTIN["pytest"].runtime
     assert BUILTIN["pytest"].wall_s > BUILTIN["python"].wall_s
 

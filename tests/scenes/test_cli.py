@@ -58,7 +58,7 @@ def test_check_exits_1_when_a_constraint_fails(scene_file, tmp_path):
 
 def test_render_export_and_import(scene_file, tmp_path):
     result = run("render", scene_file, "--ids", tmp_path / "ids.png", "--width", 128)
-    assert result.exit_code == 0 and "(128x128, 16/16 objects visible)" in result.stdout
+    assert result.exit_code == 0 and "(128x128, 16/16 objects visible, moderngl)" in result.stdout
     assert (tmp_path / "room.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "ids.png").is_file()
     result = run("export", scene_file, "-o", tmp_path / "room.glb")
     assert result.exit_code == 0 and "16 objects" in result.stdout
@@ -68,6 +68,28 @@ def test_render_export_and_import(scene_file, tmp_path):
     junk.write_bytes(b"not a glb file at all, not even close")
     result = run("import", junk)
     assert result.exit_code == 2 and "not a glTF 2.0 binary" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--renderer", "povray"], "--renderer must be one of moderngl, blender"),
+    (["--blend", "x.blend"], "--blend needs --renderer blender"),
+])
+def test_render_refuses_a_bad_renderer_choice(scene_file, args, message):
+    result = run("render", scene_file, *args)
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+def test_render_with_blender_writes_cycles_pixels_and_the_blend_or_says_why_not(scene_file, tmp_path):
+    from mainspring.scenes.blender_render import blender_unavailable_reason
+
+    reason = blender_unavailable_reason()
+    result = run("render", scene_file, "--renderer", "blender", "--samples", 2, "--width", 64,
+                 "-o", tmp_path / "cycles.png", "--blend", tmp_path / "room.blend")
+    if reason:
+        assert result.exit_code == 2 and "bpy is not installed" in result.stderr
+        return
+    assert result.exit_code == 0 and "blender); saved" in result.stdout
+    assert (tmp_path / "cycles.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "room.blend").is_file()
 
 
 def test_schema_prints_both_schemas():

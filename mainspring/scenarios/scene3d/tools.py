@@ -2,8 +2,9 @@
 (a 512 px preview PNG as an artifact, plus the constraint report).
 
 A render runs in the run's sandbox when it has one (the `render` profile: no network, software
-EGL), as `RENDER_JOB_COMMAND` with scene.json as its only file; without a sandbox it runs in this
-process. Either way the job writes the same files and they are read the same way.
+EGL; `render_cycles`, with minutes of CPU, for the Blender renderer), as `RENDER_JOB_COMMAND` with
+scene.json as its only file; without a sandbox it runs in this process. Either way the job writes
+the same files and they are read the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from mainspring.scenes.schema import scene_json_schema
 from mainspring.scenes.validate import validate
 
 RENDER_JOB_COMMAND = ["python3", "-m", "mainspring.scenes.render_job", "scene.json", "out"]
-RENDER_PROFILE = "render"
 
 
 @dataclass
@@ -61,14 +61,20 @@ def render_in_sandbox(sandbox, doc: dict[str, Any], cancel=None,
     """Run the render job in `sandbox` (a mainspring.sandbox.Sandbox) under the render profile."""
     from mainspring.sandbox import SandboxError
 
-    command = RENDER_JOB_COMMAND + (settings.job_args() if settings else [])
+    settings = settings or RenderSettings()
+    command = RENDER_JOB_COMMAND + settings.job_args()
+    profile = settings.sandbox_profile
     try:
-        result = sandbox.run(command, {"scene.json": json.dumps(doc).encode()}, RENDER_PROFILE, cancel=cancel)
+        result = sandbox.run(command, {"scene.json": json.dumps(doc).encode()}, profile, cancel=cancel)
     except SandboxError as exc:
         raise ToolError(f"the sandbox could not render: {exc}") from exc
     job = job_result_from_files(result.exit_code, result.files)
     if result.killed_by:
-        job.report.setdefault("error", f"the render job was stopped: {result.killed_by} limit")
+        fewer = " (fewer --samples or a smaller --width)" if settings.renderer == "blender" else ""
+        # the limit is the cause: it says more than "wrote no report"
+        job.report["error"] = (f"the render job was stopped: {result.killed_by} limit of the sandbox's {profile} "
+                               f"profile; render less{fewer} or raise the limit in a profiles file "
+                               "(MAINSPRING_SANDBOX_PROFILES_FILE)")
     return job
 
 

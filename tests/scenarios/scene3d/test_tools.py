@@ -83,3 +83,31 @@ def test_scene_render_runs_in_the_runs_sandbox(tmp_path, sandbox):
     assert not result.is_error and result.data["constraints"]["passed"]
     in_process = call(scene_render_tool(), {"scene": SNOWMAN}, tmp_path)
     assert result.data["pixels"] == in_process.data["pixels"]  # the same renderer, inside or out
+
+
+def test_a_blender_render_runs_under_the_cycles_profile_and_a_stopped_one_says_which_limit(tmp_path, sandbox):
+    from mainspring.sandbox.profiles import BUILTIN
+    from mainspring.sandbox.result import Result
+    from mainspring.scenes.render_settings import RenderSettings
+
+    assert BUILTIN["render_cycles"].cpu_s > BUILTIN["render"].cpu_s and BUILTIN["render_cycles"].egl
+    seen = []
+
+    class Watched:
+        def run(self, command, files, profile, **kwargs):
+            seen.append(profile)
+            return sandbox.run(command, files, profile, **kwargs)
+
+    blender = RenderSettings("blender", 64, 2)
+    result = call(scene_render_tool(blender), {"scene": SNOWMAN}, tmp_path, sandbox=Watched())
+    assert seen == ["render_cycles"] and not result.is_error  # Cycles where bpy is installed, else the fallback
+
+    class Stopped:
+        def run(self, command, files, profile, **kwargs):
+            return Result(exit_code=-24, stdout="", stderr="", killed_by="cpu_time", profile=profile)
+
+    from mainspring.scenarios.scene3d.tools import render_in_sandbox
+
+    job = render_in_sandbox(Stopped(), SNOWMAN, settings=blender)
+    assert "cpu_time limit of the sandbox's render_cycles profile" in job.report["error"]
+    assert "fewer --samples" in job.report["error"]
