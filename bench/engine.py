@@ -7,8 +7,14 @@ Workloads (token ids are built once and fed identically to every engine):
 Each (engine, workload) runs in a fresh process, so peak memory (max RSS) is its own. Output
 tokens are forced (EOS banned) so every engine does the same work; greedy decoding throughout.
 
+--device cuda runs Mainspring (MAINSPRING_DEVICE=cuda, bf16 unless --dtype says otherwise) and
+transformers on the same GPU in the same precision; the report then names the GPU, the weights'
+bytes and the device-to-device copy bandwidth measured in the same run, and gives each decode
+rate as a fraction of the roofline (bandwidth / weight bytes: every decode step reads every weight).
+
     python bench/engine.py                       # all engines that are installed, all workloads
     python bench/engine.py --engines mainspring --workloads c
+    python bench/engine.py --device cuda --engines mainspring,transformers
 """
 
 from __future__ import annotations
@@ -56,6 +62,13 @@ def workload_prompts(w: str, tokenizer) -> tuple[list[list[int]], int]:
 
 
 # -- one engine, one workload, in this process ------------------------------------------------
+def _dtype(device: str, dtype: str):
+    import torch
+
+    name = dtype if dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 def run_mainspring(prompts, max_new, threads):
     from mainspring.config import get_settings
     from mainspring.engine.engine import LLMEngine
@@ -69,20 +82,22 @@ def run_mainspring(prompts, max_new, threads):
     return elapsed, sum(len(o.token_ids) for o in outs), sum(o.usage.cached_tokens for o in outs)
 
 
-def run_transformers(prompts, max_new, threads, model_dir):
+def run_transformers(prompts, max_new, threads, model_dir, device="cpu", dtype="auto"):
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(device, dtype)).eval().to(device)
     width = max(len(p) for p in prompts)
     pad = 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     t = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
                              do_sample=False, pad_token_id=pad)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - t
     return elapsed, (out.shape[1] - width) * len(prompts), 0
 
@@ -113,7 +128,7 @@ def run_llamacpp(prompts, max_new, threads, gguf_path):
     return elapsed, generated, 0
 
 
-def child(engine: str, w: str, threads: int) -> dict:
+def child(engine: str, w: str, threads: int, device: str = "cpu", dtype: str = "auto") -> dict:
     from mainspring.config import get_settings
     from mainspring.engine.loader import load_model, resolve_model_path
 
@@ -125,7 +140,7 @@ def child(engine: str, w: str, threads: int) -> dict:
     if engine == "mainspring":
         elapsed, generated, cached = run_mainspring(prompts, max_new, threads)
     elif engine == "transformers":
-        elapsed, generated, cached = run_transformers(prompts, max_new, threads, model_dir)
+        elapsed, generated, cached = run_transformers(prompts, max_new, threads, model_dir, device, dtype)
     else:
         elapsed, generated, cached = run_llamacpp(prompts, max_new, threads, gguf)
     prompt_tokens = sum(len(p) for p in prompts)
@@ -149,13 +164,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternate the engines this many times per workload; the table shows medians")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: both engines on that GPU")
+    ap.add_argument("--dtype", default="auto", help="auto (fp32 on the CPU, bf16 on CUDA), fp32, bf16, fp16")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
     ap.add_argument("--update-readme", action="store_true",
                     help="write the table from --out (without running) into README.md between the bench markers")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads)), flush=True)
+        print("RESULT " + json.dumps(child(args.child[0], args.child[1], args.threads, args.device, args.dtype)),
+              flush=True)
         return
     if args.update_readme:
         write_table("engine", args.out, markdown)
@@ -170,9 +188,11 @@ def main() -> None:
         per: dict[str, list[dict]] = {e: [] for e in engines}
         for r in range(args.rounds):
             for e in engines:
-                env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+                env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MAINSPRING_DEVICE=args.device,
+                           MAINSPRING_DTYPE=args.dtype)
                 print(f"running {e} on workload {w} (round {r + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
-                proc = subprocess.run([sys.executable, __file__, "--child", e, w, "--threads", str(args.threads)],
+                proc = subprocess.run([sys.executable, __file__, "--child", e, w, "--threads", str(args.threads),
+                                       "--device", args.device, "--dtype", args.dtype],
                                       capture_output=True, text=True, env=env)
                 line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
                 if proc.returncode or line is None:
@@ -188,13 +208,44 @@ def main() -> None:
     load = os.getloadavg()
     from train import cpu_model
 
-    report = {"cpu": cpu_model(), "threads": args.threads,
+    gpu = gpu_facts(args.device) if args.device.startswith("cuda") else None
+    if gpu is not None:
+        roofline = gpu["copy_bytes_per_s"] / gpu["weight_bytes"]  # decode tok/s if a step only read the weights
+        for r in results:
+            if r["workload"] == "a":
+                r["roofline_fraction"] = round(r["rate"] / roofline, 4)
+        gpu["roofline_tok_s"] = round(roofline)
+    report = {"cpu": cpu_model(), "threads": args.threads, "device": args.device, "dtype": args.dtype, "gpu": gpu,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "loadavg_1m": round(load[0], 2),
               "results": results, "runs": runs,
               "command": "python bench/engine.py " + " ".join(sys.argv[1:])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(markdown(report))
+
+
+def gpu_facts(device: str) -> dict:
+    """The GPU's name, the model's weight bytes in the run's precision, and a device-to-device copy's bandwidth
+    (bytes read + written per second, best of 5 copies of 2 GiB) measured here: the roofline's denominator."""
+    import torch
+
+    from mainspring.config import get_settings
+    from mainspring.engine.loader import load_model
+
+    loaded = load_model(get_settings().model, get_settings().cache_dir)
+    dtype = _dtype(device, os.environ.get("MAINSPRING_DTYPE", "auto"))
+    weight_bytes = sum(t.numel() for t in loaded.state_dict.values()) * torch.empty(0, dtype=dtype).element_size()
+    src = torch.empty(2**30, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return {"name": torch.cuda.get_device_name(device), "weight_bytes": weight_bytes,
+            "copy_bytes_per_s": round(2 * src.numel() * src.element_size() / best)}
 
 
 def markdown(report: dict) -> str:
@@ -221,7 +272,12 @@ def markdown(report: dict) -> str:
     cpu = f"{report['cpu']}, " if report.get("cpu") else ""
     if report.get("omp_wait_policy", "default") != "default":
         cpu += f"OMP_WAIT_POLICY={report['omp_wait_policy']}, "
-    lines.append(f"\n{median}{cpu}{report['threads']} threads, load average {report['loadavg_1m']} at the end; "
+    gpu = report.get("gpu")
+    dtype = report.get("dtype", "auto") if report.get("dtype", "auto") != "auto" else "bf16"
+    fraction = by[("mainspring", "a")].get("roofline_fraction", 0) if ("mainspring", "a") in by else None
+    where = (f"{gpu['name']}, {dtype}, peak MB is host memory, roofline {gpu['roofline_tok_s']:,} tok/s (copy "
+             f"bandwidth / weight bytes), workload a at {fraction:.1%} of it; " if gpu and fraction is not None else "")
+    lines.append(f"\n{median}{where}{cpu}{report['threads']} threads, load average {report['loadavg_1m']} at the end; "
                  f"`{report['command']}`")
     return "\n".join(lines)
 

@@ -24,11 +24,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=_default_data_dir, description="converted weights, database, logs")
     model: str = Field("smollm2", description="'smollm2' (embedded), a .gguf file or a Hugging Face folder")
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = one per core")
-    device: str = Field("auto", description="where the engine runs: 'auto' (the CPU: the CUDA path is not built "
-                        "yet, and 'cuda' / 'cuda:N' are refused saying so) or 'cpu'")
-    dtype: str = Field("auto", description="precision of weights, activations and KV cache: 'auto' (fp32 on the "
-                       "CPU), 'fp32', 'bf16' or 'fp16' (not with quantization, a KV policy, speculation or the "
-                       "KV disk tier)")
+    device: str = Field("auto", description="where the engine runs: 'auto' (CUDA when torch sees a GPU, else the "
+                        "CPU), 'cpu', 'cuda' or 'cuda:N' (on CUDA not with quantization, a KV policy, speculation "
+                        "or the KV disk tier)")
+    dtype: str = Field("auto", description="precision of weights, activations and KV cache: 'auto' (bf16 on CUDA, "
+                       "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (on the CPU not with quantization, a KV policy, "
+                       "speculation or the KV disk tier)")
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=1, le=65535)
 

@@ -1,4 +1,5 @@
-"""Paged attention on the CPU: write new K/V into cache slots, attend through block tables.
+"""Paged attention: write new K/V into cache slots, attend through block tables (CPU, and CUDA through the same
+torch ops: the metadata is built on the host and moved to the device in one `to` per step).
 
 One engine step mixes decode tokens (one query each) and prefill chunks. Decode rows share a
 "cascade" path: the KV blocks that every decoding sequence has in common (a shared system prompt
@@ -92,6 +93,22 @@ class AttentionMetadata:
         return cls(torch.cat(slots) if slots else torch.empty(0, dtype=torch.long), decode, prefills, sparse,
                    shared_prefix.find(prefill_rows, block_size))
 
+    def to(self, device: torch.device) -> "AttentionMetadata":
+        """This step's metadata on `device` (itself on the CPU). The shared-prefix path calls the CPU's flash
+        kernel, so on another device its chunks take the per-chunk path; sparse rows (KV policies) are CPU-only
+        (engine/placement.py refuses them elsewhere)."""
+        if device.type == "cpu":
+            return self
+        assert not self.sparse, "KV policies run on the CPU only"
+        d = self.decode
+        decode = None if d is None else DecodeBatch(
+            d.num_seqs, d.prefix_slots.to(device), d.prefix_start, d.suffix_slots.to(device),
+            None if d.suffix_mask is None else d.suffix_mask.to(device))
+        prefills = [PrefillSegment(p.q_start, p.q_len, p.ctx_len,
+                                   None if p.ctx_slots is None else p.ctx_slots.to(device), p.ctx_start)
+                    for p in self.prefills]
+        return AttentionMetadata(self.slot_mapping.to(device), decode, prefills, [], None)
+
 
 def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeBatch:
     first = rows[0][0]
@@ -162,7 +179,7 @@ def _prefill_attention(q, k, v, scale: float, offset: int) -> torch.Tensor:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
     else:
         qlen, clen = q.shape[0], k.shape[0]
-        mask = torch.arange(clen)[None, :] <= (torch.arange(qlen)[:, None] + offset)
+        mask = torch.arange(clen, device=q.device)[None, :] <= (torch.arange(qlen, device=q.device)[:, None] + offset)
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1)
 

@@ -66,12 +66,15 @@ class LLMEngine:
                         kv_policy=self.config.kv_policy is not None, speculative=self.config.speculative is not None,
                         kv_disk=self.config.kv_disk_cache_mb > 0)
         self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
+        on_cuda = self.placement.device.type == "cuda"
+        if on_cuda:
+            self.model.to(self.placement.device)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size)
         # the linears left fp32 run on the faster kernel of this CPU (oneDNN prepacked, or torch's)
-        self.linear_kernel = choose(self.config.linear_kernel,
-                                    [(m.out_features, m.in_features) for m in fp32_linears(self.model).values()])
+        self.linear_kernel = "torch" if on_cuda else choose(
+            self.config.linear_kernel, [(m.out_features, m.in_features) for m in fp32_linears(self.model).values()])
         if self.linear_kernel == "onednn":
             pack_linears(self.model)
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)

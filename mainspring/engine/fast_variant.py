@@ -18,6 +18,7 @@ from mainspring.engine.config import EngineConfig
 from mainspring.engine.engine import LLMEngine
 from mainspring.engine.kernel_choice import FP32, KernelChoice, choose_kernel
 from mainspring.engine.loader import LoadedModel, load_model
+from mainspring.engine.placement import resolve_placement
 from mainspring.engine.quant_cache import QUANTIZATION_METHODS
 from mainspring.engine.speculative import SpeculativeConfig
 
@@ -69,15 +70,23 @@ def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | No
     tensors (embeddings, norms); int4 weights come from the disk cache after the first start."""
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
-    choice = fast_kernel(s, loaded)
-    config = fast_engine_config(s, choice.quantization)
+    if resolve_placement(s.device, s.dtype).device.type == "cuda":
+        # int4/int8 weights and speculation are CPU kernels so far: on a GPU the -fast name is the standard engine
+        choice = KernelChoice(s.dtype if s.dtype != "auto" else "bf16", "on CUDA the -fast variant runs the standard "
+                              "engine's weights and decoding (its int4 kernels and speculation are CPU-only so far)")
+        config = EngineConfig.from_settings(s)
+    else:
+        choice = fast_kernel(s, loaded)
+        config = fast_engine_config(s, choice.quantization)
     engine = LLMEngine(loaded, config)
     engine.name = loaded.name + FAST_SUFFIX
     engine.kernel_choice = choice
     ms = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.ms_per_step.items())
     log.info("fast variant ready: %s on %s weights (%s%s; %s), speculative %s", engine.name, choice.name,
              choice.reason, ", cached" if choice.from_cache else "", ms or "not measured", config.speculative)
-    if choice.name == FP32:
+    if engine.placement.device.type == "cuda":
+        log.warning("%s: %s", engine.name, choice.reason)
+    elif choice.name == FP32:
         log.warning("%s runs the standard fp32 weights (%s): only speculative decoding makes it faster",
                     engine.name, choice.reason)
     return engine

@@ -90,7 +90,8 @@ class RotaryEmbedding(nn.Module):
             return
         old = self.cos.shape[0]
         new = max(int(positions.max()) + 1, 2 * old)
-        freqs = torch.outer(torch.arange(old, new, dtype=torch.float64), self.inv_freq.double())
+        freqs = torch.outer(torch.arange(old, new, dtype=torch.float64, device=self.inv_freq.device),
+                            self.inv_freq.double())
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = torch.cat([self.cos, emb.cos().float()])
         self.sin = torch.cat([self.sin, emb.sin().float()])

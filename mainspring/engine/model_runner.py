@@ -38,9 +38,11 @@ class ModelRunner:
         c = model.config
         self.model = model
         self.block_size = block_size
+        # the device of the weights: on CUDA the step's index tensors are built on the host and sent in one go each
+        self.device = model.embed_tokens.weight.device
         # torch.empty: pages are only touched (and count as memory) once a block is written
         self.cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim,
-                                 dtype=model.embed_tokens.weight.dtype)
+                                 dtype=model.embed_tokens.weight.dtype, device=self.device)
         # the cold tier (kv_quant.ColdKVStore): quantized blocks that left a sequence's hot span
         self.cold_store = cold_store
         self.kv_cache = [self._layer_kv(i) for i in range(c.num_hidden_layers)]
@@ -94,8 +96,9 @@ class ModelRunner:
         """One 1-token forward at start-up: weights may be memory-mapped, so this pages them in
         (and warms the kernels) before the first request pays for it. Writes one slot of block 0,
         which nothing holds yet."""
-        meta = AttentionMetadata.build([], [([0], 0, 1)], self.block_size)
-        self.model.compute_logits(self.model(torch.tensor([0]), torch.tensor([0]), self.kv_cache, meta))
+        meta = AttentionMetadata.build([], [([0], 0, 1)], self.block_size).to(self.device)
+        zero = torch.tensor([0], device=self.device)
+        self.model.compute_logits(self.model(zero, zero, self.kv_cache, meta))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], prompt_hidden: dict[int, tuple[int, torch.Tensor]] | None = None
@@ -127,9 +130,9 @@ class ModelRunner:
                 if s.seq.params.prompt_logprobs is not None and n > 0:
                     prompt_hidden[s.seq.seq_id] = (s.start, hidden[first_row:first_row + n])
         if not rows:
-            return torch.empty(0, self.model.config.vocab_size), []
+            return torch.empty(0, self.model.config.vocab_size, device=self.device), []
         # the LM head is a fifth of the weights: only rows that sample need it
-        return self.model.compute_logits(hidden[torch.tensor(rows)]), sampling
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]), sampling
 
     @torch.inference_mode()
     def score(self, chunk: ScheduledSeq) -> torch.Tensor:
@@ -158,8 +161,9 @@ class ModelRunner:
             self.block_size,
             [self._sparse_row(s) for s in sparse],
             self.model.rope.inv_freq,
-        )
-        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta)
+        ).to(self.device)
+        dev = self.device
+        hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_cache, meta)
         for s, seg in zip(sparse, meta.sparse):
             if seg.scores is not None:
                 s.seq.snap_scores = (seg.scores, seg.key_pos)

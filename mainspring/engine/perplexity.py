@@ -73,7 +73,7 @@ def perplexity(engine, token_ids: list[int], policy: KVPolicy | None = None, chu
                     raise RuntimeError("the KV pool is too small for this text; enlarge kv_cache_mb or use a window")
                 bm.may_append(seq, upto=start + take if chunked else None)
                 logits = runner.score(ScheduledSeq(seq, take))
-                targets = torch.tensor(token_ids[start + 1 : start + take + 1])
+                targets = torch.tensor(token_ids[start + 1 : start + take + 1], device=logits.device)
                 nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
                 out.nll.extend(nll.tolist())
                 out.top1.extend(logits.argmax(-1).tolist())

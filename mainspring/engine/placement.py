@@ -1,7 +1,9 @@
 """Where the engine runs and in what precision: `MAINSPRING_DEVICE` and `MAINSPRING_DTYPE`, resolved once.
 
-`auto` is the CPU with fp32, the path every test and bench of the CPU engine measures (CUDA with bf16 once the
-CUDA path is built: asking for `cuda` is refused with that reason until then). A precision other than fp32 covers
+`auto` is CUDA with bf16 when torch sees a GPU, else the CPU with fp32 (the path every test and bench of the CPU
+engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
+masks' application live on the device; the options whose kernels are CPU-only so far (int4/int8 weights,
+speculative decoding, KV policies and tiers) are refused there by name. A precision other than fp32 covers
 the weights, the activations and the paged KV cache; logits are returned in fp32 so the sampler and grammar masks
 work the same in every precision. Combinations the engine has not been built or tested for are refused here, by
 name, before any weight is loaded.
@@ -47,28 +49,36 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
     if dtype != "auto" and dtype not in DTYPES:
         raise PlacementError(f"MAINSPRING_DTYPE={dtype!r}: expected auto, {', '.join(DTYPES)}")
     if device == "auto":
-        device = "cpu"  # CUDA once its path is built (see below); a GPU in the machine must not stop a start
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise PlacementError(f"MAINSPRING_DEVICE={device}: torch sees no CUDA device (this torch build or this "
                                  "machine has none); use cpu or auto")
-        # refused before loading rather than half-run: the step loop still builds its index tensors on the CPU
-        raise PlacementError(f"MAINSPRING_DEVICE={device}: the engine's CUDA path is not built yet; use cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise PlacementError(f"MAINSPRING_DEVICE={device}: torch sees {torch.cuda.device_count()} CUDA "
+                                 f"device(s), numbered from 0")
     if dtype == "auto":
-        dtype = "fp32"
+        dtype = "bf16" if device.startswith("cuda") else "fp32"
     return Placement(torch.device(device), DTYPES[dtype])
 
 
 def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, speculative: bool,
                     kv_disk: bool) -> None:
-    """Refuse the engine options whose kernels are fp32-only when the placement is not fp32."""
+    """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision."""
+    options = ((quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION"),
+               (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY"),
+               (speculative, "speculative decoding", "MAINSPRING_SPECULATIVE"),
+               (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB"))
+    if placement.device.type == "cuda":
+        for on, what, setting in options:
+            if on:
+                raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with {what}: those kernels run on the "
+                                     f"CPU only so far; unset {setting} or use MAINSPRING_DEVICE=cpu")
     if placement.is_fp32:
         return
     name = placement.dtype_name
-    for on, what, setting in ((quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION"),
-                              (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY"),
-                              (speculative, "speculative decoding", "MAINSPRING_SPECULATIVE"),
-                              (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB")):
+    for on, what, setting in options:
         if on:
             raise PlacementError(f"MAINSPRING_DTYPE={name} with {what}: those kernels run fp32 only; unset "
                                  f"{setting} or use MAINSPRING_DTYPE=fp32")

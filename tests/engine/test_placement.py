@@ -13,7 +13,8 @@ from mainspring.engine.placement import PlacementError, check_supported, resolve
 from mainspring.engine.speculative import SpeculativeConfig
 
 
-def test_auto_is_the_cpu_in_fp32_and_each_dtype_is_taken():
+def test_auto_is_the_cpu_in_fp32_without_a_gpu_and_each_dtype_is_taken(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_placement() == resolve_placement("cpu", "fp32")
     auto = resolve_placement("auto", "auto")
     assert auto.device == torch.device("cpu") and auto.dtype == torch.float32 and auto.is_fp32
@@ -30,15 +31,33 @@ def test_a_bad_value_is_refused_by_its_setting(device, dtype, named):
         resolve_placement(device, dtype)
 
 
-def test_cuda_is_refused_with_the_reason(monkeypatch):
+def test_cuda_without_a_gpu_is_refused_and_with_one_auto_is_cuda_in_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(PlacementError, match="no CUDA device"):
         resolve_placement("cuda", "bf16")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(PlacementError, match="not built yet"):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(PlacementError, match="sees 1 CUDA device"):
         resolve_placement("cuda:1", "auto")
-    # a GPU in the machine does not make `auto` pick a path that is not built
-    assert resolve_placement("auto", "auto").device == torch.device("cpu")
+    auto = resolve_placement("auto", "auto")
+    assert auto.device == torch.device("cuda") and auto.dtype == torch.bfloat16
+    assert resolve_placement("cuda:0", "fp32").dtype == torch.float32
+    assert resolve_placement("cpu", "auto").dtype == torch.float32  # the CPU keeps fp32 where a GPU is present
+
+
+@pytest.mark.parametrize("option,setting", [
+    (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
+    (dict(speculative=True), "MAINSPRING_SPECULATIVE"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
+])
+def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting):
+    from mainspring.engine.placement import Placement
+
+    kwargs = dict(quantization=None, kv_policy=False, speculative=False, kv_disk=False)
+    for dtype in (torch.float32, torch.bfloat16):
+        cuda = Placement(torch.device("cuda"), dtype)  # built directly: no GPU is needed to refuse
+        check_supported(cuda, **kwargs)  # the plain engine runs there
+        with pytest.raises(PlacementError, match=f"MAINSPRING_DEVICE=cuda with .*{setting}"):
+            check_supported(cuda, **(kwargs | option))
 
 
 @pytest.mark.parametrize("option,setting", [

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The engine's GPU checks in one go, for a machine with a CUDA GPU and torch + transformers installed but no
+# network and no copy of the weights: tests/engine/test_cuda.py, then bench/engine.py --device cuda against
+# transformers on the same GPU. The model is the embedded one's shape (its config and tokenizer, copied into
+# .gpu/smollm2 by `bench/gpu_check.sh --prepare` on a machine that has them) with random weights: the same
+# work per token as the real weights, so speed and the numerics checks (same weights on both sides) hold.
+#
+#   bench/gpu_check.sh --prepare            # here: tokenizer + config into .gpu/, wheels the GPU box lacks into .whl/
+#   bench/gpu_check.sh OUT_DIR              # there: PYTHONPATH, random weights, tests, bench; logs into OUT_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--prepare" ]; then
+  model=$(.venv/bin/python -c "from mainspring.config import Settings; from mainspring.engine.loader import load_model
+print(load_model('smollm2', Settings().cache_dir).path)")
+  mkdir -p .gpu/smollm2 .whl
+  cp "$model"/{tokenizer.json,tokenizer_config.json,config.json,generation_config.json} .gpu/smollm2/
+  # what mainspring.engine imports beyond torch, numpy, tokenizers, rich (those the GPU image has)
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+    pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
+  exit
+fi
+
+out=${1:-/tmp/gpu-check}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export MAINSPRING_DATA_DIR=/tmp/mainspring-data MAINSPRING_MODEL=/tmp/smollm2-random
+nvidia-smi -L | tee "$out/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+  | tee -a "$out/gpu.txt"
+
+python3 - <<'EOF' || exit 1
+import shutil, torch, transformers
+torch.manual_seed(0)
+config = transformers.AutoConfig.from_pretrained(".gpu/smollm2")
+model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+model.save_pretrained("/tmp/smollm2-random")
+for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    shutil.copy(f".gpu/smollm2/{name}", "/tmp/smollm2-random/")
+print("random weights:", sum(p.numel() for p in model.parameters()), "parameters")
+EOF
+
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
+timeout 330 python3 bench/engine.py --device cuda --engines mainspring,transformers --threads 4 \
+  --out "$out/engine_cuda.json" 2>&1 | tee "$out/bench.txt"

@@ -1,0 +1,96 @@
+"""The engine on CUDA (skipped without a GPU): weights, paged KV and the step's index tensors on the device, in
+bf16; its logits against transformers on the same GPU and the same weights, and greedy decoding that gives the
+same tokens alone and in a batch.
+
+The model is the configured one (MAINSPRING_MODEL: the embedded model, or a Hugging Face folder; the GPU script
+bench/gpu_check.sh points it at a folder of random weights in the embedded model's shape, as nothing can be
+downloaded there)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog because", "Write a haiku about the sea.",
+           "1, 2, 3, 4, 5,", "Paged attention stores the KV cache in blocks so that"]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from mainspring.config import Settings
+    from mainspring.engine.loader import load_model
+
+    s = Settings()
+    return load_model(s.model, s.cache_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(loaded):
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+
+    return LLMEngine(loaded, EngineConfig(device="cuda", dtype="bf16", kv_cache_mb=512, max_num_batched_tokens=512))
+
+
+def test_the_weights_and_the_kv_cache_live_on_the_gpu_in_bf16(engine):
+    assert engine.placement.device.type == "cuda" and engine.placement.dtype == torch.bfloat16
+    assert engine.model.embed_tokens.weight.is_cuda and engine.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert engine.runner.cache.is_cuda and engine.runner.cache.dtype == torch.bfloat16
+    assert engine.stats()["device"].startswith("cuda")
+
+
+def test_logits_match_transformers_on_the_same_gpu_within_bf16_tolerance(engine, loaded):
+    transformers = pytest.importorskip("transformers")
+    from mainspring.engine.attention import AttentionMetadata
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(loaded.path, dtype=torch.bfloat16).eval().cuda()
+    ids = loaded.tokenizer.encode(PROMPTS[0])
+    c = loaded.config
+    cache = [(torch.zeros(64, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device="cuda"),
+              torch.zeros(64, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16, device="cuda"))
+             for _ in range(c.num_hidden_layers)]
+    meta = AttentionMetadata.build([], [([0, 1, 2, 3], 0, len(ids))], 16).to(torch.device("cuda"))
+    with torch.no_grad():
+        got = engine.model.compute_logits(engine.model(torch.tensor(ids, device="cuda"),
+                                                       torch.arange(len(ids), device="cuda"), cache, meta))
+        want = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+    # bf16 on both sides, different kernels: compare at a bf16 tolerance, and the argmax where it is clear
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 3e-2 * scale + 3e-2
+    clear = (want.topk(2).values[:, 0] - want.topk(2).values[:, 1]) > 0.05 * scale
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_greedy_tokens_are_the_same_alone_and_in_a_batch(engine):
+    from mainspring.engine.params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS]
+    alone = [engine.generate([p], params)[0].token_ids for p in prompts]
+    together = [o.token_ids for o in engine.generate(prompts, params)]
+    assert together == alone and all(len(t) == 24 for t in alone)
+
+
+def test_a_cached_prefix_decodes_the_same_tokens(engine):
+    from mainspring.engine.params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    system = engine.tokenizer.encode("You are a careful assistant. " * 20)
+    first = engine.generate([system + engine.tokenizer.encode(" Say hi.")], params)[0]
+    again = engine.generate([system + engine.tokenizer.encode(" Say hi.")], params)[0]
+    assert again.usage.cached_tokens > 0 and again.token_ids == first.token_ids
+
+
+def test_sampling_and_a_grammar_run_on_the_gpus_logits(engine):
+    pytest.importorskip("llguidance")
+    import json
+
+    from mainspring.engine.params import SamplingParams
+
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
+              "additionalProperties": False}  # a finite language: the grammar ends the answer, whatever the weights
+    out = engine.generate([engine.tokenizer.encode("A JSON object:")],
+                          SamplingParams(temperature=0.8, seed=1, max_tokens=32, guided_json=schema))[0]
+    assert json.loads(out.text)["n"] in (1, 2, 3)
