@@ -44,6 +44,20 @@ def keep_freed_memory() -> bool:
     return _applied
 
 
+def release_freed_memory() -> bool:
+    """Hand the heap's free pages back to the kernel once (glibc's malloc_trim), after a one-off burst of frees
+    such as the dense weights an engine replaces with packed or fused copies at start: the thresholds above keep
+    them otherwise. True when glibc released something."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 def _tune() -> bool:
     if not sys.platform.startswith("linux"):
         return False

@@ -58,3 +58,27 @@ def test_applies_once_and_reports(monkeypatch):
     assert allocator.keep_freed_memory() is False
     assert allocator.keep_freed_memory() is False
     assert calls == [1]
+
+
+TRIM_CHILD = """
+import json
+import torch
+from mainspring.engine.allocator import keep_freed_memory, release_freed_memory
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+keep_freed_memory()
+weights = [torch.ones(2_000_000) for _ in range(40)]  # 320 MB in 8 MB tensors: from the heap, under the threshold
+held = rss_mb()
+del weights  # what packing leaves behind: freed, and kept by the thresholds
+kept = rss_mb()
+released = release_freed_memory()
+print(json.dumps({"held": held, "kept": kept, "released": released, "after": rss_mb()}))
+"""
+
+
+@pytest.mark.skipif(not glibc, reason="malloc_trim is glibc's")
+def test_freed_weights_go_back_to_the_kernel_once_released():
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, timeout=120, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["kept"] > r["held"] - 64  # the thresholds keep what was freed
+    assert r["released"] and r["after"] < r["kept"] - 200  # and the release hands it back
