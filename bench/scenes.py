@@ -161,8 +161,9 @@ def loop_markdown(report: dict) -> str:
                      f"{run['gain_points']:+.1f} points | {run['briefs_all_pass_one_shot']} → "
                      f"{run['briefs_all_pass_loop']} | {run['tokens_per_brief']:.0f} | {cost} | "
                      f"{run['prefix_cache_hit_rate_revisions']:.1%} |")
-    lines.append(f"\n{report['cpu']}, {report['threads']} torch threads, {report['runs'][0]['wall_s']} s for the "
-                 f"{report['runs'][0]['briefs']} briefs; `{report['command']}`")
+    walls = " / ".join(f"{run['wall_s']}" for run in report["runs"])
+    lines.append(f"\n{report['cpu']}, {report['threads']} torch threads, {walls} s for the "
+                 f"{report['runs'][0]['briefs']} briefs (a row each); `{report['command']}`")
     return "\n".join(lines)
 
 
