@@ -63,10 +63,10 @@ def workload_prompts(w: str, tokenizer) -> tuple[list[list[int]], int]:
 
 # -- one engine, one workload, in this process ------------------------------------------------
 def _dtype(device: str, dtype: str):
-    import torch
+    """The torch dtype the engine runs `dtype` in on `device` (its own resolution: the peer gets the same)."""
+    from mainspring.engine.placement import resolve_placement
 
-    name = dtype if dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return resolve_placement(device, dtype).dtype
 
 
 def run_mainspring(prompts, max_new, threads):

@@ -70,10 +70,11 @@ def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | No
     tensors (embeddings, norms); int4 weights come from the disk cache after the first start."""
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
-    if resolve_placement(s.device, s.dtype).device.type == "cuda":
+    placement = resolve_placement(s.device, s.dtype)
+    if placement.device.type == "cuda":
         # int4/int8 weights and speculation are CPU kernels so far: on a GPU the -fast name is the standard engine
-        choice = KernelChoice(s.dtype if s.dtype != "auto" else "bf16", "on CUDA the -fast variant runs the standard "
-                              "engine's weights and decoding (its int4 kernels and speculation are CPU-only so far)")
+        choice = KernelChoice(placement.dtype_name, "on CUDA the -fast variant runs the standard engine's weights "
+                              "and decoding (its int4 kernels and speculation are CPU-only so far)")
         config = EngineConfig.from_settings(s)
     else:
         choice = fast_kernel(s, loaded)

@@ -23,12 +23,12 @@ import numpy as np
 
 from mainspring.scenarios.scene3d.evaluate import BriefScore
 from mainspring.scenes.checks import geometry as g
-from mainspring.scenes.checks.overlap import gap_to_support, no_floating
+from mainspring.scenes.checks.overlap import unsupported
 from mainspring.scenes.checks.relations import ordering_direction
 from mainspring.scenes.errors import SceneError
 from mainspring.scenes.patch import PatchError, apply_patch
 from mainspring.scenes.validate import parse_scene
-from mainspring.scenes.world import Placed, World, build_world
+from mainspring.scenes.world import World, build_world
 
 MARGIN = 0.02  # metres past the bound, so a rounded coordinate still passes
 _ORDERINGS = ("above", "below", "left_of", "right_of", "in_front_of", "behind")
@@ -63,7 +63,7 @@ def suggest(doc: dict[str, Any], score: BriefScore, target: Any, max_ops: int = 
     each = suggest_repairs(doc, score, target, max_ops)
     if len(each) < 2:
         return Suggestions(each)
-    together, fixed = combine_repairs(doc, score, target, max_ops)
+    together, fixed = combine_repairs(doc, score, target, max_ops, first=each)
     return Suggestions(each, together, fixed) if len(fixed) > 1 else Suggestions(each)
 
 
@@ -148,15 +148,17 @@ def suggest_repairs(doc: dict[str, Any], score: BriefScore, target: Any, max_ops
 
 
 def combine_repairs(doc: dict[str, Any], score: BriefScore, target: Any, max_ops: int = 6,
-                    steps: int = 6) -> tuple[Ops, list[int]]:
+                    steps: int = 6, first: dict[int, Repair] | None = None) -> tuple[Ops, list[int]]:
     """One patch that fixes several constraints: repairs taken one at a time, each found on the
     scene as the ones before left it (a box goes on the shelf where the shelf now is), kept only
-    while the scene passes more and nothing that passed breaks; and the constraints it fixes."""
+    while the scene passes more and nothing that passed breaks; and the constraints it fixes.
+    `first`: suggest_repairs(doc, ...) when the caller has it already."""
     ops: Ops = []
     current, now = doc, score
     kept = {r.index for r in score.results if r.passed}
-    for _ in range(steps):
-        for repair in suggest_repairs(current, now, target, max_ops).values():
+    for step in range(steps):
+        found = first if step == 0 and first is not None else suggest_repairs(current, now, target, max_ops)
+        for repair in found.values():
             trial = _merge(ops, repair.ops)
             if len(trial) > max_ops:
                 continue
@@ -226,7 +228,7 @@ def _moves(world: World, c: Any) -> Iterator[Move | Ops]:
     elif t == "facing":
         yield from _facing_ops(world, c)
     elif t == "no_floating":
-        yield {p.id: np.array([0.0, -gap_to_support(p, world), 0.0]) for p in _floating(world, c)}
+        yield {p.id: np.array([0.0, -gap, 0.0]) for gap, p in unsupported(c.ids, c.tolerance, world)[1]}
     elif t == "no_overlap":
         yield from _apart_moves(world, c)
 
@@ -259,11 +261,6 @@ def _facing_ops(world: World, c: Any) -> Iterator[Ops]:
             yield [{"op": "replace", "path": f"/objects/{index}/rotation_deg/1", "value": angle}]
         else:
             yield [{"op": "add", "path": f"/objects/{index}/rotation_deg", "value": [0, angle, 0]}]
-
-
-def _floating(world: World, c: Any) -> list[Placed]:
-    detail = no_floating(0, c, world).detail
-    return [p for p in world.select(c.ids) if f"{p.id} (" in detail]
 
 
 def _apart_moves(world: World, c: Any) -> Iterator[Move]:

@@ -72,28 +72,34 @@ def no_floating(i: int, c, world: World) -> ConstraintResult:
     """Each object rests on the floor or on another object's top (contact within tolerance, boxes
     overlapping seen from above); an object with a parent is attached to it, and hanging or
     wall-mounted objects need no support."""
-    floating: list[tuple[float, str]] = []
-    checked = 0
-    for p in world.select(c.ids):
-        if p.obj.parent is not None or any(p.has_tag(t) for t in _UNSUPPORTED_OK):
-            continue
-        checked += 1
-        if abs(p.lo[1] - world.floor_y) <= c.tolerance:
-            continue
-        if any(abs(g.top_gap(p, q)) <= c.tolerance and g.footprint_overlap(p, q) > 0
-               for q in world.placed if q is not p):
-            continue
-        floating.append((gap_to_support(p, world), p.id))
+    checked, floating = unsupported(c.ids, c.tolerance, world)
     worst = max((gap for gap, _ in floating), key=abs, default=0.0)
     if floating:
-        listed = ", ".join(f"{oid} ({gap:+.3f} m)" for gap, oid in floating[:8])
+        listed = ", ".join(f"{p.id} ({gap:+.3f} m)" for gap, p in floating[:8])
         detail = f"{len(floating)} of {checked} unsupported: {listed} (gap to the nearest surface below)"
     else:
         detail = f"all {checked} objects rest on the floor or on another object"
     return result(i, c, not floating, "gap", worst, "m", detail)
 
 
-def gap_to_support(p: Placed, world: World) -> float:
+def unsupported(ids, tolerance: float, world: World) -> tuple[int, list[tuple[float, Placed]]]:
+    """How many of `ids` need support, and those that have none, each with its gap to the surface under it."""
+    floating: list[tuple[float, Placed]] = []
+    checked = 0
+    for p in world.select(ids):
+        if p.obj.parent is not None or any(p.has_tag(t) for t in _UNSUPPORTED_OK):
+            continue
+        checked += 1
+        if abs(p.lo[1] - world.floor_y) <= tolerance:
+            continue
+        if any(abs(g.top_gap(p, q)) <= tolerance and g.footprint_overlap(p, q) > 0
+               for q in world.placed if q is not p):
+            continue
+        floating.append((_gap_to_support(p, world), p))
+    return checked, floating
+
+
+def _gap_to_support(p: Placed, world: World) -> float:
     """Signed gap from p's bottom to the highest surface under it (the floor if nothing else)."""
     tops = [q.hi[1] for q in world.placed if q is not p and g.footprint_overlap(p, q) > 0 and q.hi[1] <= p.lo[1] + 1e-9]
     return float(p.lo[1] - max([world.floor_y, *tops]))
