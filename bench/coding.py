@@ -143,11 +143,13 @@ def input_usd(report: dict, prices: dict) -> float:
 
 
 def sheet_prices(model: str) -> dict:
-    """The model's standard-tier input prices on the built-in sheet (zero for a model it does not list)."""
+    """The model's standard-tier input prices on the server's sheet (MAINSPRING_PRICES_FILE, else the built-in one;
+    zero for a model it does not list): an upstream model is priced only there."""
     from mainspring.billing.prices import PriceError, load_price_sheet
+    from mainspring.config import get_settings
 
     try:
-        rates = load_price_sheet(None).rates(model, "standard")
+        rates = load_price_sheet(get_settings().prices_file or None).rates(model, "standard")
     except PriceError:
         return {"input": "0", "cached_input": "0"}
     return {"input": str(rates.input), "cached_input": str(rates.cached_input)}

@@ -14,6 +14,11 @@ child process), and the figures per workload; the table shows medians and Mainsp
 
     python bench/http_peers.py --vllm-python /work/venvs/vllm/bin/python   # setup: bench/README.md
     python bench/http_peers.py --servers mainspring --workloads a,d         # ours only
+    python bench/http_peers.py --vllm-python ... --isa avx2                 # both servers capped at AVX2
+
+`--isa avx2` is an AVX2-only proxy on a CPU with AVX-512: every server's torch, oneDNN and MKL are capped at
+AVX2 (bench/fast_variant.py's caps), and vLLM's own feature probes answer "no" above AVX2
+(bench/isa_avx2/sitecustomize.py), so it loads its AVX2 kernels. The memory system stays this machine's.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine import workload_prompts  # noqa: E402  (the same token ids as the in-process bench)
-from fast_variant import bench_prompt  # noqa: E402
+from fast_variant import ISA_CAPS, bench_prompt  # noqa: E402
 from readme_table import write_table  # noqa: E402
 
 WORKLOADS = {
@@ -115,7 +120,7 @@ def free_port() -> int:
 
 
 def make_server(name: str, args, model_dir: Path, logs: Path) -> Server:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **ISA_CAPS.get(args.isa or "", {}))
     if name == "mainspring":
         env["MAINSPRING_THREADS"] = str(args.threads)
         argv = [sys.executable, "-m", "mainspring.cli", "serve", "--host", "127.0.0.1"]
@@ -124,6 +129,9 @@ def make_server(name: str, args, model_dir: Path, logs: Path) -> Server:
     iomp = venv / "lib" / "libiomp5.so"
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}",
                VLLM_USE_AOT_COMPILE="0", **({"LD_PRELOAD": str(iomp)} if iomp.exists() else {}))
+    if args.isa:  # its kernel choice reads torch.cpu's probes, which the caps above do not reach
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench" / f"isa_{args.isa}"),
+                                                          env.get("PYTHONPATH")]))
     dtype = {"vllm-fp32": "float32", "vllm-bf16": "bfloat16"}[name]
     argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL, f"{MODEL}-fast", "--dtype", dtype, "--enable-prefix-caching",
@@ -164,9 +172,13 @@ def run_workload(url: str, w: str, tokenizer, prompt: str = "a") -> dict:
     elapsed = time.perf_counter() - t
     generated = sum(o["completion_tokens"] for o in outs)
     prompt_tokens = sum(o["prompt_tokens"] for o in outs)
+    burst = False
     if w in ("a", "d"):  # decode rate: tokens after the first over the time after the first
         o = outs[0]
-        rate = (generated - 1) / max(o["seconds"] - o["ttft"], 1e-9)
+        # a server that sends the whole text at the end (or in one burst) streamed nothing to time: its rate is
+        # then over the whole call, and the row says so
+        burst = o["seconds"] - o["ttft"] < 0.05 * o["seconds"]
+        rate = generated / o["seconds"] if burst else (generated - 1) / (o["seconds"] - o["ttft"])
     elif w == "b":
         rate = prompt_tokens / outs[0]["ttft"]
     else:
@@ -174,7 +186,8 @@ def run_workload(url: str, w: str, tokenizer, prompt: str = "a") -> dict:
     ttfts = sorted(o["ttft"] for o in outs)
     return dict(workload=w, rate=round(rate, 1), seconds=round(elapsed, 2), generated=generated,
                 prompt_tokens=prompt_tokens, cached=sum(o["cached"] for o in outs),
-                ttft_p50_s=round(statistics.median(ttfts), 3), ttft_max_s=round(ttfts[-1], 3))
+                ttft_p50_s=round(statistics.median(ttfts), 3), ttft_max_s=round(ttfts[-1], 3),
+                **({"burst": True} if burst else {}))
 
 
 def workloads_of(server: str, wanted: list[str]) -> list[str]:
@@ -192,6 +205,8 @@ def main() -> None:
                          "loops, or bench/fast_variant.py's chat story")
     ap.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", ""),
                     help="the python of vLLM-CPU's own virtualenv (or VLLM_PYTHON)")
+    ap.add_argument("--isa", choices=sorted(ISA_CAPS),
+                    help="cap every server's instruction set (an AVX2-only proxy on an AVX-512 CPU)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "http_peers.json"))
     ap.add_argument("--update-readme", action="store_true",
                     help="write the table from --out (without running) into README.md between the bench markers")
@@ -243,7 +258,7 @@ def main() -> None:
     from train import cpu_model
 
     report = {"cpu": cpu_model(), "threads": args.threads, "prompt": args.prompt,
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "isa_cap": args.isa,
               "loadavg_1m": round(os.getloadavg()[0], 2), "results": results,
               "servers": {n: dict(start_s=statistics.median(x["start_s"] for x in v),
                                   peak_rss_mb=max(x["peak_rss_mb"] for x in v),
@@ -267,11 +282,15 @@ def markdown(report: dict) -> str:
         rows = [cell(s, w) for s in SERVERS]
         if not rows[0] and not any(rows[1:]) or (w == "d" and not rows[0]):
             continue
-        rate = [f"{r['rate']:,.1f}" if r else "—" for r in rows]
+        rate = [f"{r['rate']:,.1f}{' †' if r.get('burst') else ''}" if r else "—" for r in rows]
         ours = rows[0]["rate"] if rows[0] else None
         ratio = [f"{ours / r['rate']:.2f}×" if ours and r else "—" for r in rows[1:]]
         ttft = " / ".join(f"{r['ttft_p50_s']:.2f}" if r else "—" for r in rows)
         lines.append(f"| {meta['title']} | {meta['metric']} | {' | '.join(rate)} | {' | '.join(ratio)} | {ttft} |")
+    if any(r.get("burst") for r in report["results"]):
+        lines.append("\n† the server sent the text in one burst at the end: the rate is over the whole call")
+    if report.get("note"):
+        lines.append("\n" + report["note"])
     servers = report.get("servers", {})
     if servers:
         lines.append("\n" + "; ".join(f"{n}: start-up {v['start_s']} s, RSS peak {v['peak_rss_mb']} MB, at the end "
@@ -284,7 +303,8 @@ def markdown(report: dict) -> str:
     else:  # a server that failed to start in a round has fewer
         rounds = "medians of alternating rounds (" + ", ".join(f"{n}: {k}" for n, k in per_server.items()) + ")"
     lines.append(f"\nprompt {report.get('prompt', 'a')} for (a) and (d), {rounds}, "
-                 f"{report['cpu']}, {report['threads']} threads, "
+                 f"{report['cpu']}{' capped at ' + report['isa_cap'].upper() if report.get('isa_cap') else ''}, "
+                 f"{report['threads']} threads, "
                  f"OMP_WAIT_POLICY={report.get('omp_wait_policy', 'default')}, "
                  f"load average {report['loadavg_1m']} at the end; "
                  f"`{report['command']}`")
