@@ -40,6 +40,9 @@ WORKLOADS = {
     "c": dict(title="agent: 32 × (1,500 shared + 50) prompt, 64 new", metric="total tok/s"),
 }
 ENGINES = ("mainspring", "transformers", "llama.cpp")
+# --isa avx2: an AVX2-only proxy on an AVX-512 CPU, for every bench that starts children (this one, fast_variant.py,
+# http_peers.py). llama.cpp's ggml is compiled for the build machine's CPU and is not capped.
+ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def make_tokens(tokenizer, n: int, seed: int) -> list[int]:
@@ -166,6 +169,7 @@ def main() -> None:
                     help="alternate the engines this many times per workload; the table shows medians")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: both engines on that GPU")
     ap.add_argument("--dtype", default="auto", help="auto (fp32 on the CPU, bf16 on CUDA), fp32, bf16, fp16")
+    ap.add_argument("--isa", choices=sorted(ISA_CAPS), help="cap the children's instruction set (torch, oneDNN, MKL)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
     ap.add_argument("--update-readme", action="store_true",
                     help="write the table from --out (without running) into README.md between the bench markers")
@@ -189,7 +193,7 @@ def main() -> None:
         for r in range(args.rounds):
             for e in engines:
                 env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MAINSPRING_DEVICE=args.device,
-                           MAINSPRING_DTYPE=args.dtype)
+                           MAINSPRING_DTYPE=args.dtype, **ISA_CAPS.get(args.isa or "", {}))
                 print(f"running {e} on workload {w} (round {r + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
                 proc = subprocess.run([sys.executable, __file__, "--child", e, w, "--threads", str(args.threads),
                                        "--device", args.device, "--dtype", args.dtype],
@@ -216,6 +220,7 @@ def main() -> None:
                 r["roofline_fraction"] = round(r["rate"] / roofline, 4)
         gpu["roofline_tok_s"] = round(roofline)
     report = {"cpu": cpu_model(), "threads": args.threads, "device": args.device, "dtype": args.dtype, "gpu": gpu,
+              "isa_cap": args.isa,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "loadavg_1m": round(load[0], 2),
               "results": results, "runs": runs,
               "command": "python bench/engine.py " + " ".join(sys.argv[1:])}
@@ -270,6 +275,8 @@ def markdown(report: dict) -> str:
         k = next(iter(rounds.values()), 1)
         median = f"median of {k} alternating rounds, " if k > 1 else ""
     cpu = f"{report['cpu']}, " if report.get("cpu") else ""
+    if report.get("isa_cap"):
+        cpu += f"capped at {report['isa_cap'].upper()} (--isa), "
     if report.get("omp_wait_policy", "default") != "default":
         cpu += f"OMP_WAIT_POLICY={report['omp_wait_policy']}, "
     gpu = report.get("gpu")

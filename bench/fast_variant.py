@@ -38,10 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine import available, run_llamacpp, workload_prompts  # noqa: E402
+from engine import ISA_CAPS, available, run_llamacpp, workload_prompts  # noqa: E402
 
 ENGINES = ("plain", "int4", "fast", "llama.cpp")
-ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 CHAT = "Write a short story about a robot who learns to paint."
 
 

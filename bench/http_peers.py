@@ -17,7 +17,7 @@ child process), and the figures per workload; the table shows medians and Mainsp
     python bench/http_peers.py --vllm-python ... --isa avx2                 # both servers capped at AVX2
 
 `--isa avx2` is an AVX2-only proxy on a CPU with AVX-512: every server's torch, oneDNN and MKL are capped at
-AVX2 (bench/fast_variant.py's caps), and vLLM's own feature probes answer "no" above AVX2
+AVX2 (bench/engine.py's ISA_CAPS), and vLLM's own feature probes answer "no" above AVX2
 (bench/isa_avx2/sitecustomize.py), so it loads its AVX2 kernels. The memory system stays this machine's.
 """
 
@@ -41,8 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine import workload_prompts  # noqa: E402  (the same token ids as the in-process bench)
-from fast_variant import ISA_CAPS, bench_prompt  # noqa: E402
+from engine import ISA_CAPS, workload_prompts  # noqa: E402  (the same token ids as the in-process bench)
+from fast_variant import bench_prompt  # noqa: E402
 from readme_table import write_table  # noqa: E402
 
 WORKLOADS = {
