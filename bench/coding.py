@@ -15,6 +15,12 @@ the per-task text comes before them and only the instructions' tokens can be sha
                                                             # (MAINSPRING_UPSTREAMS configured in the env)
     python bench/coding.py --replay                         # also the gold trajectories, replayed
 
+An upstream is any OpenAI-compatible server listed in MAINSPRING_UPSTREAMS_FILE and priced in MAINSPRING_PRICES_FILE
+(the bench reads its prices from that sheet). Offline, a second `mainspring serve --port 8477` on its own data dir
+stands in for one: list it as `{name: loopback, base_url: http://127.0.0.1:8477/v1, models: [{name: gpt-4.1-mini,
+upstream_name: SmolLM2-135M-Instruct}]}`; the runs then go through the upstream proxy, its usage and cached tokens
+as the upstream reports them (the figures are the embedded model's, under another name).
+
 `--replay` adds what a model that works in several turns would cost, which the one-turn embedded model cannot
 show: each task's gold fix as a fixed trajectory (run_tests, view_file, one edit_file per hunk of the gold patch,
 run_tests), its tool calls scripted (so every task resolves in both layouts) while every turn's prompt
