@@ -114,10 +114,13 @@ def heartbeat(db: str, owner: str, run_ids: list[str], lease_s: float) -> dict[s
     if not run_ids:
         return {}
     runs = table_of(RunRow)
+    held = and_(runs.c.id.in_(run_ids), runs.c.lease_owner == owner, runs.c.status == RunStatus.RUNNING)
     with session(db) as s:  # one UPDATE and one SELECT however many runs: loading and flushing each row cost more
-        s.execute(update(runs).where(runs.c.id.in_(run_ids), runs.c.lease_owner == owner,
-                                     runs.c.status == RunStatus.RUNNING)
-                  .values(lease_expires_at=now() + timedelta(seconds=lease_s)))
+        if not is_sqlite(s.get_bind()):
+            # lock the rows in id order first, as group commits fence them (writes.commit_group): an UPDATE
+            # locks in whatever order its plan visits them, and deadlocked with a commit over the same runs
+            s.execute(select(runs.c.id).where(held).order_by(runs.c.id).with_for_update())
+        s.execute(update(runs).where(held).values(lease_expires_at=now() + timedelta(seconds=lease_s)))
         orders = {run_id: "lost" for run_id in run_ids}
         for row in s.execute(select(runs.c.id, runs.c.lease_owner, runs.c.status, runs.c.cancel_requested,
                                     runs.c.pause_requested).where(runs.c.id.in_(run_ids))):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session
 from mainspring.agents import audit
 from mainspring.agents.status import RunStatus
 from mainspring.agents.tables import AuditRow, EventRow, RunRow
-from mainspring.store.db import get_engine
+from mainspring.store.db import get_engine, is_busy_error
 
 
 class LeaseLost(Exception):
@@ -160,10 +161,32 @@ def write_in(s: Session, batch: Batch) -> None:
         cur.close()
 
 
+TRANSIENT_RETRIES = 3  # a batch that lost a deadlock (or waited out a lock) is written again, in a new transaction
+
+
 def commit_group(db: str, owner: str, batches: list[Batch]) -> list[BaseException | None]:
     """Write several runs' batches in one transaction (group commit: one BEGIN/COMMIT, shared pages written
     once). Each batch is fenced and applied on its own: one that fails (LeaseLost, a refused row) is rolled
-    back to its savepoint and gets its exception; the others commit. Returns each batch's outcome."""
+    back to its savepoint and gets its exception; the others commit. Returns each batch's outcome.
+
+    Run rows are locked in run-id order, as the heartbeat locks them (leases.heartbeat): a group that fenced
+    its runs in arrival order deadlocked with a heartbeat over the same runs on Postgres, and the loser's runs
+    failed. A batch that still loses to the database's own contention (deadlock, lock timeout, busy) is
+    retried in a fresh transaction after this one ends, a few times, before it fails."""
+    outcomes: list[BaseException | None] = [None] * len(batches)
+    todo = sorted(range(len(batches)), key=lambda i: batches[i].run_id)  # stable: a run's batches keep order
+    for attempt in range(TRANSIENT_RETRIES + 1):
+        results = _commit_once(db, owner, [batches[i] for i in todo])
+        for i, outcome in zip(todo, results):
+            outcomes[i] = outcome
+        todo = [i for i, outcome in zip(todo, results) if outcome is not None and is_busy_error(outcome)]
+        if not todo:
+            break
+        time.sleep(0.01 * 2**attempt)
+    return outcomes
+
+
+def _commit_once(db: str, owner: str, batches: list[Batch]) -> list[BaseException | None]:
     engine = get_engine(db)
     dialect = engine.dialect
     outcomes: list[BaseException | None] = [None] * len(batches)
