@@ -185,6 +185,8 @@ def _prefill_attention(q, k, v, scale: float, offset: int) -> torch.Tensor:
 
 
 def _decode_attention(q, k_cache, v_cache, d: DecodeBatch, scale: float) -> torch.Tensor:
+    if q.device.type == "cpu" and shared_prefix.FLASH is not None:
+        return _decode_attention_flash(q, k_cache, v_cache, d, scale)
     b, h, dim = q.shape
     kvh = k_cache.shape[1]
     g = h // kvh
@@ -215,4 +217,31 @@ def _decode_attention(q, k_cache, v_cache, d: DecodeBatch, scale: float) -> torc
         tail = torch.matmul(probs[..., lp:].transpose(0, 1), vs)
         out = tail if out is None else out + tail
     assert out is not None  # a decode row attends at least its own token
+    return out.reshape(b, h, dim)
+
+
+def _decode_attention_flash(q, k_cache, v_cache, d: DecodeBatch, scale: float) -> torch.Tensor:
+    """The same attention through torch's CPU flash kernel: the prefix is one call whose queries are every row's
+    (per KV head, the g query heads of each row are its query rows), each row's tail a batched call over the
+    gathered tail read in place (the [B, Ls, KVH, D] gather as [B, KVH, Ls, D], no copy), the two merged by their
+    log-sum-exps. The matmul path above copies each gathered tail into matmul's layout and writes out every
+    score; at 32 rows over a 1,500-token prefix and ~100-token tails this is ~1.3x faster per layer (AMD EPYC)."""
+    flash = shared_prefix.FLASH
+    b, h, dim = q.shape
+    kvh = k_cache.shape[1]
+    g = h // kvh
+    qg = q.view(b, kvh, g, dim)
+    lp, ls = d.prefix_slots.numel(), d.suffix_slots.shape[1]
+    parts = []
+    if lp:
+        kp, vp = (kv_slots.gather(c, d.prefix_slots, d.prefix_start).transpose(0, 1).unsqueeze(0)
+                  for c in (k_cache, v_cache))  # [1, KVH, Lp, D]
+        o, lse = flash(qg.transpose(0, 1).reshape(1, kvh, b * g, dim), kp, vp, 0.0, False, scale=scale)
+        parts.append((o.view(kvh, b, g, dim).transpose(0, 1), lse.view(kvh, b, g).transpose(0, 1)))
+    if ls:
+        ks, vs = (kv_slots.gather(c, d.suffix_slots).transpose(1, 2) for c in (k_cache, v_cache))  # [B, KVH, Ls, D]
+        mask = None if d.suffix_mask is None else d.suffix_mask.to(q.dtype)
+        parts.append(flash(qg, ks, vs, 0.0, False, attn_mask=mask, scale=scale))
+    assert parts  # a decode row attends at least its own token
+    out = parts[0][0] if len(parts) == 1 else shared_prefix.merge(*parts[0], *parts[1])
     return out.reshape(b, h, dim)

@@ -22,7 +22,7 @@ import torch
 from mainspring.engine import kv_slots
 
 MIN_PREFIX_TOKENS = 256  # below this the per-chunk path is as fast, and simpler
-_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 @dataclass
@@ -37,7 +37,7 @@ def find(rows: Sequence[tuple[list[int], int, int]], block_size: int) -> SharedP
     """rows: the step's prefill chunks, (block_table, start, num_tokens). The prefix that two or more chunks with
     cached context share, or None (fewer such chunks, a short prefix, or no flash kernel)."""
     cached = [i for i, (_, start, _) in enumerate(rows) if start > 0]
-    if len(cached) < 2 or _FLASH is None:
+    if len(cached) < 2 or FLASH is None:
         return None
     first = rows[cached[0]][0]
     common = kv_slots.common_blocks([rows[i][0] for i in cached])
@@ -52,7 +52,7 @@ def find(rows: Sequence[tuple[list[int], int, int]], block_size: int) -> SharedP
 def attend(queries: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor, shared: SharedPrefix,
            scale: float) -> list[torch.Tensor]:
     """Each chunk's attention output ([n, H, D] for its [n, H, D] queries, in `shared.segments` order)."""
-    assert _FLASH is not None  # find() offers no SharedPrefix without it
+    assert FLASH is not None  # find() offers no SharedPrefix without it
     q = torch.cat(queries)
     r, h, d = q.shape
     kvh = k_cache.shape[1]
@@ -61,7 +61,7 @@ def attend(queries: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Te
     kp, vp = (kv_slots.gather(c, shared.prefix_slots, shared.prefix_start).transpose(0, 1).unsqueeze(0)
               for c in (k_cache, v_cache))
     qg = q.view(r, kvh, g, d).transpose(0, 1).reshape(1, kvh, r * g, d)
-    out_p, lse_p = _FLASH(qg, kp, vp, 0.0, False, scale=scale)
+    out_p, lse_p = FLASH(qg, kp, vp, 0.0, False, scale=scale)
     out_p = out_p.view(kvh, r, g, d).transpose(0, 1).reshape(r, h, d)
     lse_p = lse_p.view(kvh, r, g).transpose(0, 1).reshape(r, h)
     outs, row = [], 0
@@ -71,15 +71,20 @@ def attend(queries: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Te
                   for c in (k_cache, v_cache))
         qh = qs.transpose(0, 1).unsqueeze(0)
         if s == n:  # the chunk is all of its own part: plain causal
-            o, lse = _FLASH(qh, ko, vo, 0.0, True, scale=scale)
+            o, lse = FLASH(qh, ko, vo, 0.0, True, scale=scale)
         else:  # its own cached tokens come first: query i sits at own position s - n + i
             mask = torch.zeros(1, 1, n, s, dtype=qh.dtype)
             mask.masked_fill_(torch.arange(s)[None, :] > torch.arange(n)[:, None] + (s - n), float("-inf"))
-            o, lse = _FLASH(qh, ko, vo, 0.0, False, attn_mask=mask, scale=scale)
+            o, lse = FLASH(qh, ko, vo, 0.0, False, attn_mask=mask, scale=scale)
         o, lse = o.squeeze(0).transpose(0, 1), lse.squeeze(0).transpose(0, 1)  # [n, H, D], [n, H]
-        lp, op = lse_p[row : row + n], out_p[row : row + n]
-        top = torch.maximum(lp, lse)
-        wp, wo = torch.exp(lp - top), torch.exp(lse - top)
-        outs.append((op * wp[..., None] + o * wo[..., None]) / (wp + wo)[..., None])
+        outs.append(merge(out_p[row : row + n], lse_p[row : row + n], o, lse))
         row += n
     return outs
+
+
+def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over keys A and B together, exactly, from attention over each ([..., D] outputs and their
+    [...] log-sum-exps of the scaled scores): each half weighted by its share of the softmax's denominator."""
+    top = torch.maximum(lse_a, lse_b)
+    wa, wb = torch.exp(lse_a - top).unsqueeze(-1), torch.exp(lse_b - top).unsqueeze(-1)
+    return ((out_a * wa + out_b * wb) / (wa + wb)).to(out_a.dtype)
