@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     dtype: str = Field("auto", description="precision of weights, activations and KV cache: 'auto' (bf16 on CUDA, "
                        "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (on the CPU not with quantization, a KV policy, "
                        "speculation or the KV disk tier)")
+    cuda_graphs: bool = Field(True, description="on CUDA, replay decode-only steps as captured CUDA graphs (batch "
+                              "and context buckets, captured on first use; other steps run eagerly); no effect on the "
+                              "CPU")
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=1, le=65535)
 

@@ -45,6 +45,18 @@ class DecodeBatch:
 
 
 @dataclass
+class StaticDecode:
+    """A decode batch in fixed shapes, the form a captured CUDA graph replays (engine/decode_graphs.py): every row
+    attends its whole context through a [B, N] block table, padded with a scratch block and masked by its length.
+    No prefix is shared and nothing depends on the host: the metadata lives in the graph's input buffers."""
+
+    block_tables: torch.Tensor  # [B, N] block ids, a row's unused entries the scratch block
+    ctx_lens: torch.Tensor  # [B] tokens each row attends (its new token included); 1 for a padding row
+    block_size: int
+    pad_slot: int  # a slot that always holds finite values (the scratch block's first), read where masked
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     decode: DecodeBatch | None = None
@@ -53,6 +65,8 @@ class AttentionMetadata:
     sparse: list[SparseSegment] = field(default_factory=list)
     # prefill chunks over one cached prefix (agents on a shared system prompt): attended together
     shared: shared_prefix.SharedPrefix | None = None
+    # a decode-only step in fixed shapes (CUDA graphs): every row is a decode row, attended by static_decode
+    static: StaticDecode | None = None
 
     @classmethod
     def build(
@@ -142,6 +156,8 @@ def paged_attention(
     cold: ColdLoader | None = kv[2] if len(kv) > 2 else None
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    if meta.static is not None:
+        return _static_decode_attention(q, k_cache, v_cache, meta.static, scale)
     out = torch.empty_like(q)
     if meta.decode is not None:
         b = meta.decode.num_seqs
@@ -227,6 +243,7 @@ def _decode_attention_flash(q, k_cache, v_cache, d: DecodeBatch, scale: float) -
     log-sum-exps. The matmul path above copies each gathered tail into matmul's layout and writes out every
     score; at 32 rows over a 1,500-token prefix and ~100-token tails this is ~1.3x faster per layer (AMD EPYC)."""
     flash = shared_prefix.FLASH
+    assert flash is not None  # dispatched here only when torch has the kernel
     b, h, dim = q.shape
     kvh = k_cache.shape[1]
     g = h // kvh
@@ -244,4 +261,23 @@ def _decode_attention_flash(q, k_cache, v_cache, d: DecodeBatch, scale: float) -
         parts.append(flash(qg, ks, vs, 0.0, False, attn_mask=mask, scale=scale))
     assert parts  # a decode row attends at least its own token
     out = parts[0][0] if len(parts) == 1 else shared_prefix.merge(*parts[0], *parts[1])
+    return out.reshape(b, h, dim)
+
+
+def _static_decode_attention(q, k_cache, v_cache, st: StaticDecode, scale: float) -> torch.Tensor:
+    """Each row over its whole context, gathered through its padded block table: shapes fixed by [B, N], values
+    only on the device, so a CUDA graph can capture it. Per KV head, a row's g query heads are the query rows of
+    one SDPA call (no key is repeated for grouped-query attention)."""
+    b, h, dim = q.shape
+    kvh = k_cache.shape[1]
+    bs = st.block_size
+    c = st.block_tables.shape[1] * bs
+    slots = (st.block_tables[:, :, None] * bs + torch.arange(bs, device=q.device)).view(b, c)
+    attended = torch.arange(c, device=q.device)[None, :] < st.ctx_lens[:, None]  # [B, C]
+    # a masked key still meets a zero weight, and 0 * NaN = NaN: slots past a row's length (never written, or
+    # garbage) are read from the pad slot instead
+    slots = torch.where(attended, slots, st.pad_slot).view(b * c)
+    k, v = (torch.index_select(cache, 0, slots).view(b, c, kvh, dim).transpose(1, 2) for cache in (k_cache, v_cache))
+    out = F.scaled_dot_product_attention(q.view(b, kvh, h // kvh, dim), k, v, attn_mask=attended.view(b, 1, 1, c),
+                                         scale=scale)
     return out.reshape(b, h, dim)

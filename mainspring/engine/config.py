@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # the option modules import torch and the model (which imports this module)
     from mainspring.config import Settings
@@ -77,6 +77,9 @@ class EngineConfig:
     # written there and reloaded on reuse, and the cache survives a restart (flush_kv_cache)
     kv_disk_cache_mb: int = 0
     kv_disk_dir: str | None = None  # None = Settings.cache_dir / "kv"
+    # decode-only steps as CUDA graphs (engine/decode_graphs.py): "auto" captures them on CUDA and runs the CPU
+    # eagerly; "off"; "capture"; "static" runs the graphs' fixed shapes eagerly (how they are tested on the CPU)
+    decode_graphs: Literal["auto", "off", "capture", "static"] = "auto"
 
     @classmethod
     def from_settings(cls, s: Settings) -> EngineConfig:
@@ -93,7 +96,7 @@ class EngineConfig:
             speculative=SpeculativeConfig.parse(s.speculative),
             quantization=parse_quantization(s.quantization), linear_kernel=s.linear_kernel,
             kv_policy=KVPolicyConfig.parse(s.kv_policy),
-            kv_disk_cache_mb=s.kv_disk_cache_mb,
+            kv_disk_cache_mb=s.kv_disk_cache_mb, decode_graphs="auto" if s.cuda_graphs else "off",
             # these settings' data dir, not the environment's (create_app may be given its own)
             kv_disk_dir=str(s.cache_dir / "kv"),
         )

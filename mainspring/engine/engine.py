@@ -24,13 +24,14 @@ from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
 from mainspring.engine.linear_kernel import choose, fp32_linears, pack_linears, pack_weights_into
 from mainspring.engine.model import CausalLM
+from mainspring.engine.decode_graphs import GraphMode
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mainspring.engine.outputs import RequestOutput, TokenLogprob, TopLogprob, Usage
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.sampler import SampleLogprobs, Sampler, score_tokens
 from mainspring.engine.scheduler import ScheduledSeq, Scheduler
 from mainspring.engine.sequence import Sequence, SequenceStatus
-from mainspring.engine.placement import check_supported, resolve_placement
+from mainspring.engine.placement import PlacementError, check_supported, resolve_placement
 from mainspring.engine.quant_cache import quantize_for_engine
 from mainspring.engine.speculative import SpeculativeDecoder
 from mainspring.engine.tokenizer import Tokenizer
@@ -88,7 +89,8 @@ class LLMEngine:
         self.kv_policy = self.config.kv_policy.default if self.config.kv_policy else KVPolicy()
         cold = self._cold_store(num_blocks)
         self.block_manager.cold_store = cold
-        self.runner = ModelRunner(self.model, num_blocks, bs, cold)
+        self.runner = ModelRunner(self.model, num_blocks, bs, cold, self._graph_mode(), self.config.max_num_seqs,
+                                  self.max_model_len)
         self.runner.warmup()
         release_freed_memory()  # the dense weights packing and fusing replaced (~250 MB with oneDNN on SmolLM2)
         self.kv_disk = self._disk_tier(loaded)
@@ -104,6 +106,15 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
+
+    def _graph_mode(self) -> GraphMode | None:
+        """How decode-only steps run (engine/decode_graphs.py): captured graphs on CUDA unless turned off."""
+        mode = self.config.decode_graphs
+        if mode == "auto":
+            return "capture" if self.placement.device.type == "cuda" else None
+        if mode == "capture" and self.placement.device.type != "cuda":
+            raise PlacementError(f"decode_graphs='capture' needs CUDA; this engine runs on {self.placement.device}")
+        return None if mode == "off" else mode
 
     def _cold_store(self, num_blocks: int):
         """The quantized cold tier, when the KV policy names one; as many blocks as fit in the

@@ -73,8 +73,10 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
-        """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache."""
-        self.rope.ensure(positions)
+        """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache. A static
+        (graph-captured) step reads no value on the host: its runner grew the RoPE table beforehand."""
+        if meta.static is None:
+            self.rope.ensure(positions)
         x = self.embed_tokens(input_ids)
         rot = self.rope.at(positions, x.dtype)  # once per forward, for every layer
         for layer, kv in zip(self.layers, kv_cache):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mainspring.engine.attention import AttentionMetadata, SparseRow
+from mainspring.engine.decode_graphs import DecodeGraphs, DecodeRow, GraphMode
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_policy import SNAP_OBSERVE, plan_blocks, snap_plan
 from mainspring.engine.model import CausalLM
@@ -34,18 +35,25 @@ def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
-                 cold_store: ColdKVStore | None = None) -> None:
+                 cold_store: ColdKVStore | None = None, graphs: GraphMode | None = None, max_batch: int = 64,
+                 max_context: int = 0) -> None:
+        """`graphs`: decode-only steps through engine/decode_graphs.py ("capture" on CUDA, "static" to run its
+        fixed shapes eagerly), for up to `max_batch` rows of up to `max_context` tokens; None: all eager."""
         c = model.config
         self.model = model
         self.block_size = block_size
         # the device of the weights: on CUDA the step's index tensors are built on the host and sent in one go each
         self.device = model.embed_tokens.weight.device
-        # torch.empty: pages are only touched (and count as memory) once a block is written
-        self.cache = torch.empty(c.num_hidden_layers, 2, num_blocks * block_size, c.num_key_value_heads, c.head_dim,
+        # torch.empty: pages are only touched (and count as memory) once a block is written. With graphs, one
+        # block more than the block manager hands out: the scratch block padding rows write to
+        slots = (num_blocks + (graphs is not None)) * block_size
+        self.cache = torch.empty(c.num_hidden_layers, 2, slots, c.num_key_value_heads, c.head_dim,
                                  dtype=model.embed_tokens.weight.dtype, device=self.device)
         # the cold tier (kv_quant.ColdKVStore): quantized blocks that left a sequence's hot span
         self.cold_store = cold_store
         self.kv_cache = [self._layer_kv(i) for i in range(c.num_hidden_layers)]
+        self.graphs = None if graphs is None else DecodeGraphs(
+            model, self.kv_cache, num_blocks, block_size, max_batch, max_context or c.max_position_embeddings, graphs)
 
     def _layer_kv(self, i: int) -> tuple:
         k, v = self.cache[i, 0], self.cache[i, 1]
@@ -151,6 +159,11 @@ class ModelRunner:
             ids.append(s.seq.token_ids[pos])
             positions.append(pos)
         chunks = prefills + sparse  # row order: decodes, prefill chunks, sparse segments
+        if self.graphs is not None and decodes and not chunks:
+            hidden = self.graphs.run([DecodeRow(ids[i], positions[i], s.seq.block_table)
+                                      for i, s in enumerate(decodes)])
+            if hidden is not None:
+                return hidden, decodes, chunks
         for s in chunks:
             start = s.seq.num_computed_tokens
             ids.extend(s.token_ids)
