@@ -59,6 +59,10 @@ class EngineConfig:
     # linears, quantized once and cached under Settings.cache_dir/quant
     quantization: str | None = None
     quant_group_size: int = 32  # see quant.DEFAULT_GROUP_SIZE
+    # int4 layers keep a dense copy of their dequantized weight for prefill rows (quant.Int4Linear): None only
+    # where bf16 is native (a bf16 copy); True also elsewhere (an fp32 copy: prefill as fast as fp32's, for
+    # the -fast engine, at the fp32 weights' memory)
+    quant_dense_prefill: bool | None = None
     # kernel of the linears left fp32 (engine/linear_kernel.py): "auto" times torch's and oneDNN's
     # prepacked one on this CPU; "torch" / "onednn" pin one
     linear_kernel: str = "auto"

@@ -72,7 +72,8 @@ class LLMEngine:
             self.model.to(self.placement.device)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
-                                                self.config.quant_group_size)
+                                                self.config.quant_group_size,
+                                                dense_prefill=self.config.quant_dense_prefill)
         # the linears left fp32 run on the faster kernel of this CPU (oneDNN prepacked, or torch's)
         self.linear_kernel = "torch" if on_cuda else choose(
             self.config.linear_kernel, [(m.out_features, m.in_features) for m in fp32_linears(self.model).values()])

@@ -13,11 +13,14 @@ The kernel is `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size,
                     so zero = min + 8 * scale
 Measured on the development machine (Xeon, AVX512-BF16 + AMX, torch 2.13, 1 thread, loaded):
 with bf16 activations the kernel beats fp32 `F.linear` 1.4-3.6x at 1 row and 1.5-4x at 5 rows;
-with fp32 activations it is 15-20x *slower* (an unvectorised path). On AVX2-only CPUs the fp32
-path is the fast one (shared/notes/engine.md section 4), hence `default_compute_dtype`. From ~16
-rows on (prefill) the kernel loses to a dense bf16 GEMM (oneDNN/AMX, 2-5x faster than fp32), so
-where bf16 is native, calls above `KERNEL_MAX_ROWS` rows use a bf16 copy of the same dequantized
-weight. The kernel computes each row on its own (bit-identical whatever the other rows); the bf16
+with fp32 activations it is 15-20x *slower* (an unvectorised path). The same holds without native
+bf16: torch's AVX2 and AVX-512 builds of the kernel vectorise the bf16 path only, converting bf16 in
+software (AMD EPYC capped at AVX2, the embedded model's linears streamed at 1 row: 11.6 ms per step
+on bf16 activations, 134.8 on fp32 ones, 29.8 for fp32 weights), hence `default_compute_dtype`. From
+~16 rows on (prefill) the kernel loses to a dense GEMM, so a layer may keep a dense copy of the same
+dequantized weight for calls above `KERNEL_MAX_ROWS` rows: bf16 where bf16 is native (oneDNN/AMX, 2-5x
+faster than fp32), fp32 elsewhere (the -fast engine asks for it: its prefill then costs what the
+standard engine's does). The kernel computes each row on its own (bit-identical whatever the other rows); the dense
 GEMM does not, and bf16 activations turn the last-bit differences that batching already causes in
 attention into bf16-ulp ones, so unlike fp32, int4 greedy text can change with what shares a step.
 """
@@ -161,6 +164,18 @@ def native_bf16() -> bool:
 
 
 def default_compute_dtype() -> torch.dtype:
+    """bf16 where the kernel's bf16 path is vectorised (native bf16, or an x86 CPU with AVX2: see the module
+    docstring), fp32 elsewhere (not measured there)."""
+    from mainspring.engine.cpu import detect
+
+    if native_bf16():
+        return torch.bfloat16
+    f = detect()
+    return torch.bfloat16 if f.x86 and "avx2" in f.flags else torch.float32
+
+
+def dense_prefill_dtype() -> torch.dtype:
+    """The dtype of a layer's dense copy for prefill rows: bf16 where bf16 GEMMs are native, else fp32."""
     return torch.bfloat16 if native_bf16() else torch.float32
 
 
@@ -207,9 +222,9 @@ class Int4Linear(nn.Module):
         sz = torch.stack([q.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("scales_and_zeros", sz.to(self.compute_dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        if dense_prefill is None:
+        if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16()
-        self.register_buffer("dense_weight", _dequantize_sliced(q, torch.bfloat16) if dense_prefill else None)
+        self.register_buffer("dense_weight", _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

@@ -27,7 +27,8 @@ from mainspring.engine.quant import DEFAULT_GROUP_SIZE, DEFAULT_TWO_PASS, Int4We
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "mainspring-int4/1"
-# "int4": activations in bf16 where the CPU does bf16 natively, else fp32 (quant.default_compute_dtype);
+# "int4": activations in bf16 where the kernel vectorises them (native bf16, or x86 with AVX2), else fp32
+# (quant.default_compute_dtype);
 # "int4-bf16" / "int4-fp32" pin them; "int8": int8 weights and dynamically quantized activations;
 # "bf16": bf16 weights on oneDNN (engine/linear_kernel.py)
 QUANTIZATION_METHODS = ("int4", "int4-bf16", "int4-fp32", "int8", "bf16")
@@ -102,7 +103,7 @@ def load_int4_weights(path: Path, group_size: int) -> dict[str, Int4Weight] | No
 def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Path | None,
                         group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
                         two_pass: tuple[str, ...] = DEFAULT_TWO_PASS,
-                        compute_dtype: torch.dtype | None = None) -> QuantReport:
+                        compute_dtype: torch.dtype | None = None, dense_prefill: bool | None = None) -> QuantReport:
     """`quantize_model`, taking the int4 forms from the disk cache when there is one and writing
     it when there was not. `source_dir` None (weights not from a folder) means no caching."""
     start = time.perf_counter()
@@ -112,7 +113,7 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
         path = quant_cache_file(cache_dir, source_dir, group_size, include_lm_head, two_pass)
         cached = load_int4_weights(path, group_size)
     report, forms = quantize_model(model, group_size, include_lm_head, two_pass, weights=cached,
-                                   compute_dtype=compute_dtype)
+                                   compute_dtype=compute_dtype, dense_prefill=dense_prefill)
     report.cache_file = str(path) if path else None
     report.from_cache = cached is not None and report.num_quantized_now == 0
     if path is not None and report.num_quantized_now:
@@ -127,10 +128,11 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
 
 
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
-                        group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None) -> QuantReport | None:
+                        group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None,
+                        dense_prefill: bool | None = None) -> QuantReport | None:
     """What `EngineConfig.quantization` asks for: None leaves the model fp32; an int4 method
-    quantizes it (cached under `cache_dir`, default get_settings().cache_dir); "int8" and "bf16" need no
-    cache."""
+    quantizes it (cached under `cache_dir`, default get_settings().cache_dir; `dense_prefill`: see
+    quant.Int4Linear); "int8" and "bf16" need no cache."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:
@@ -155,4 +157,5 @@ def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str |
         from mainspring.config import get_settings
 
         cache_dir = get_settings().cache_dir
-    return quantize_with_cache(model, source_dir, cache_dir, group_size, compute_dtype=_INT4_COMPUTE[method])
+    return quantize_with_cache(model, source_dir, cache_dir, group_size, compute_dtype=_INT4_COMPUTE[method],
+                               dense_prefill=dense_prefill)
