@@ -20,6 +20,7 @@ tested on the CPU, where there are no graphs.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -29,6 +30,8 @@ from mainspring.engine.attention import AttentionMetadata, StaticDecode
 
 if TYPE_CHECKING:
     from mainspring.engine.model import CausalLM
+
+log = logging.getLogger(__name__)
 
 GraphMode = Literal["capture", "static"]
 MIN_CONTEXT_BUCKET = 256
@@ -81,6 +84,7 @@ class DecodeGraphs:
         self.pool: Any = None  # the graphs' shared memory pool, from the first capture
         self._rope_table = model.rope.cos  # graphs read this tensor; a grown table means capturing again
         self.replays = 0  # steps served by a graph (or, static, by the fixed-shape path)
+        self.failed: str | None = None  # why a capture failed: then no step uses graphs
         scratch = slice(scratch_block * block_size, (scratch_block + 1) * block_size)
         for layer in kv_cache:
             layer[0][scratch].zero_()  # finite from the start: masked keys are read from here
@@ -98,7 +102,17 @@ class DecodeGraphs:
         if self.model.rope.cos is not self._rope_table:
             self.graphs.clear()  # they captured the old table's address
             self._rope_table = self.model.rope.cos
-        graph = self.graphs.get((b, c)) or self._capture(b, c)
+        graph = self.graphs.get((b, c))
+        if graph is None:
+            if self.failed is not None:
+                return None
+            try:
+                graph = self._capture(b, c)
+            except RuntimeError as exc:  # an op the graph cannot hold: every step stays eager, and says why
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.warning("decode graphs off: capturing batch %d, context %d failed (%s); decoding eagerly",
+                            b, c, self.failed)
+                return None
         self._fill(graph, rows)
         out = graph.run()
         self.replays += 1

@@ -425,5 +425,9 @@ class LLMEngine:
         cold = self.runner.cold_store
         if cold is not None:
             out.update(kv_cold_blocks=cold.num_blocks, kv_cold_free_blocks=cold.num_free_blocks, kv_cold_bits=cold.bits)
+        graphs = self.runner.graphs
+        if graphs is not None:
+            out.update(decode_graphs=graphs.mode, decode_graphs_captured=len(graphs.graphs),
+                       decode_graph_steps=graphs.replays, decode_graphs_failed=graphs.failed)
         return out
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mainspring.engine.linear_kernel import PackedLinear
+from mainspring.engine.linear_kernel import PackedLinear, choose
 
 log = logging.getLogger(__name__)
 
@@ -224,12 +224,20 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16()
-        self.register_buffer("dense_weight", _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None)
+        dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None
+        # an fp32 copy runs on the standard engine's fp32 kernel: oneDNN prepacked where it is the faster (MKL
+        # takes a slow path on AMD: 2.6x at prefill sizes, engine/linear_kernel.py)
+        self.dense_packed: PackedLinear | None = None
+        if dense is not None and dense.dtype == torch.float32 and choose("auto", [q.shape]) == "onednn":
+            self.dense_packed, dense = PackedLinear(dense), None
+        self.register_buffer("dense_weight", dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if self.dense_weight is not None and x2.shape[0] > self.kernel_max_rows:
+        if self.dense_packed is not None and x2.shape[0] > self.kernel_max_rows:
+            y = self.dense_packed(x2.float())
+        elif self.dense_weight is not None and x2.shape[0] > self.kernel_max_rows:
             y = F.linear(x2.to(self.dense_weight.dtype), self.dense_weight)
         else:
             xc = x2.to(self.compute_dtype)
@@ -244,7 +252,7 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"passes={self.passes}, compute_dtype={self.compute_dtype}, "
-                f"dense_prefill={self.dense_weight is not None}")
+                f"dense_prefill={self.dense_weight is not None or self.dense_packed is not None}")
 
 
 @dataclass

@@ -85,6 +85,9 @@ def test_an_engine_on_static_graphs_decodes_the_same_tokens(embedded):
         outs[mode] = [o.token_ids for o in engine.generate(prompts, params)]
         if mode == "static":
             assert engine.runner.graphs.replays >= 20  # the decode steps went through the fixed shapes
+            stats = engine.stats()
+            assert stats["decode_graphs"] == "static" and stats["decode_graph_steps"] == engine.runner.graphs.replays
+            assert stats["decode_graphs_captured"] >= 1 and stats["decode_graphs_failed"] is None
             assert engine.block_manager.num_blocks * BLOCK == engine.runner.cache.shape[2] - BLOCK  # + scratch
         else:
             assert engine.runner.graphs is None
@@ -96,3 +99,16 @@ def test_capturing_needs_cuda(embedded):
         pytest.skip("this machine has CUDA: tests/engine/test_cuda.py captures there")
     with pytest.raises(PlacementError, match="needs CUDA"):
         LLMEngine(embedded, EngineConfig(kv_cache_mb=16, decode_graphs="capture"))
+
+
+def test_a_capture_that_fails_leaves_every_step_eager(model, monkeypatch):
+    runner = ModelRunner(model, 64, BLOCK, graphs="static", max_batch=4, max_context=256)
+
+    def refuse(b, c):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runner.graphs, "_capture", refuse)
+    rows = [DecodeRow(1, 3, [0])]
+    assert runner.graphs.run(rows) is None and "not permitted" in runner.graphs.failed
+    monkeypatch.undo()
+    assert runner.graphs.run(rows) is None and runner.graphs.replays == 0  # not tried again

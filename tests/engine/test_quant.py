@@ -107,14 +107,25 @@ def test_packing_in_row_slices_gives_the_same_bytes():
     assert torch.equal(pack_for_kernel(q, slice_rows=1024), pack_for_kernel(q, slice_rows=1 << 20))
 
 
-def test_prefill_sized_calls_use_the_dense_copy_of_the_same_weight():
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-native", "no-bf16"])
+def test_prefill_sized_calls_use_the_dense_copy_of_the_same_weight(native, monkeypatch):
+    import mainspring.engine.quant as quant
+
+    monkeypatch.setattr(quant, "native_bf16", lambda: native)
     torch.manual_seed(4)
     q = quantize_int4(torch.randn(128, 256) * 0.02, 32)
     lin = Int4Linear(q, dense_prefill=True)
-    assert lin.dense_weight is not None and lin.dense_weight.dtype == BF16
     x = torch.randn(KERNEL_MAX_ROWS + 7, 256)
-    assert rel_err(lin(x), x @ dequantize_int4(q).T) < 6e-3
+    if native:  # half the fp32 bytes, bf16 GEMMs
+        assert lin.dense_weight is not None and lin.dense_weight.dtype == BF16 and lin.dense_packed is None
+        assert rel_err(lin(x), x @ dequantize_int4(q).T) < 6e-3
+    else:  # fp32, on the standard engine's fp32 kernel: the dequantized weight's own result
+        assert (lin.dense_weight is None) != (lin.dense_packed is None)
+        if lin.dense_weight is not None:
+            assert lin.dense_weight.dtype == torch.float32
+        assert rel_err(lin(x), x @ dequantize_int4(q).T) < 1e-5
     assert Int4Linear(q, dense_prefill=False).dense_weight is None
+    assert Int4Linear(q, dense_prefill=False).dense_packed is None
 
 
 def test_rows_are_bit_identical_alone_or_together_up_to_kernel_max_rows():
