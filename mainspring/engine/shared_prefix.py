@@ -84,7 +84,10 @@ def attend(queries: list[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Te
 
 def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over keys A and B together, exactly, from attention over each ([..., D] outputs and their
-    [...] log-sum-exps of the scaled scores): each half weighted by its share of the softmax's denominator."""
-    top = torch.maximum(lse_a, lse_b)
-    wa, wb = torch.exp(lse_a - top).unsqueeze(-1), torch.exp(lse_b - top).unsqueeze(-1)
-    return ((out_a * wa + out_b * wb) / (wa + wb)).to(out_a.dtype)
+    [...] log-sum-exps of the scaled scores): each half weighted by its share of the softmax's denominator, B's
+    being exp(lse_b) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_b - lse_a). Three ops: a decode step merges
+    once per layer, where each op's dispatch costs more than its arithmetic."""
+    w = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)
+    if out_a.dtype == w.dtype:
+        return torch.lerp(out_a, out_b, w)
+    return torch.lerp(out_a.to(w.dtype), out_b.to(w.dtype), w).to(out_a.dtype)  # bf16 outputs, weighed in fp32

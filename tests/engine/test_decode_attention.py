@@ -37,3 +37,19 @@ def test_flash_and_matmul_decode_agree(rows, dtype, tol, monkeypatch):
         k, v = (c[slots].float().repeat_interleave(h // kvh, 1).transpose(0, 1) for c in (k_cache, v_cache))
         ref = torch.softmax(q[i].float()[:, None] @ k.transpose(1, 2) * d**-0.5, -1) @ v
         torch.testing.assert_close(flash[i].float(), ref[:, 0], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
+def test_merge_is_attention_over_both_halves(dtype, tol):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(5, n, 8, generator=gen) for n in (1, 12, 12))
+    k[3, 7:] *= 40  # one row whose second half holds nearly all the weight: its lse far above the first's
+
+    def attend(keys, values):
+        scores = q @ keys.transpose(1, 2)  # [5, 1, n]
+        return (torch.softmax(scores, -1) @ values).to(dtype), torch.logsumexp(scores, -1)
+
+    whole, _ = attend(k, v)
+    got = shared_prefix.merge(*attend(k[:, :7], v[:, :7]), *attend(k[:, 7:], v[:, 7:]))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), whole.float(), atol=tol, rtol=tol)
