@@ -22,7 +22,7 @@ from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
-from mainspring.engine.linear_kernel import choose, fp32_linears, pack_linears, pack_weights_into
+from mainspring.engine.linear_kernel import choose, pack_linears, pack_weights_into, plain_linears
 from mainspring.engine.model import CausalLM
 from mainspring.engine.decode_graphs import GraphMode
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -74,11 +74,13 @@ class LLMEngine:
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
                                                 dense_prefill=self.config.quant_dense_prefill)
-        # the linears left fp32 run on the faster kernel of this CPU (oneDNN prepacked, or torch's)
-        self.linear_kernel = "torch" if on_cuda else choose(
-            self.config.linear_kernel, [(m.out_features, m.in_features) for m in fp32_linears(self.model).values()])
+        # the linears left in the model's dtype run on the faster kernel of this CPU (oneDNN prepacked, or torch's):
+        # fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
+        dtype = self.placement.dtype
+        shapes = [(m.out_features, m.in_features) for m in plain_linears(self.model, dtype).values()]
+        self.linear_kernel = "torch" if on_cuda else choose(self.config.linear_kernel, shapes, dtype)
         if self.linear_kernel == "onednn":
-            pack_linears(self.model)
+            pack_linears(self.model, dtype)
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
@@ -101,7 +103,7 @@ class LLMEngine:
         if self.config.speculative:
             self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
-        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, fp32 linears on %s",
+        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, linears on %s",
                  self.name, self.placement.device, self.placement.dtype_name, num_blocks, bs, num_blocks * bs,
                  self.max_model_len, self.linear_kernel)
         self._requests: dict[str, _Request] = {}

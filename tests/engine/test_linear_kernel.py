@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from mainspring.engine import linear_kernel as lk
 from mainspring.engine.linear_kernel import PackedLinear, choose, pack_linears, pack_weights_into
+from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.model import CausalLM
 from tests.engine.test_quant import run_logits as _logits
 from tests.train.tiny import tiny_config, tiny_state
@@ -133,3 +134,48 @@ def test_the_bf16_format_is_a_clear_error_where_the_cpu_cannot_pack_it():
     _, model = _tiny()
     with pytest.raises(ValueError, match="AVX-512"):
         lk.quantize_model_bf16(model)
+
+
+def _bf16_logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
+    c = model.config
+    cache = [tuple(torch.zeros(64, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16) for _ in range(2))
+             for _ in range(c.num_hidden_layers)]
+    meta = AttentionMetadata.build([], [(list(range(4)), 0, len(ids))], 16)
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), cache, meta))
+
+
+@needs_bf16_packing
+def test_a_bf16_model_packs_its_own_linears_and_keeps_its_logits():
+    cfg = tiny_config(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2)
+    plain = CausalLM.from_weights(cfg, tiny_state(cfg, 0), torch.bfloat16)
+    packed = CausalLM.from_weights(cfg, tiny_state(cfg, 0), torch.bfloat16)
+    assert not lk.plain_linears(packed) and len(lk.plain_linears(packed, torch.bfloat16)) == 2 * 4 + 1
+    assert len(pack_linears(packed, torch.bfloat16)) == 2 * 4 + 1
+    assert not lk.plain_linears(packed, torch.bfloat16)
+    assert isinstance(packed.lm_head, PackedLinear) and packed.lm_head.dtype == torch.bfloat16
+    assert packed.embed_tokens.weight.dtype == torch.bfloat16  # the embedding keeps its dense rows
+    ids = [3, 14, 15, 9, 2, 6]
+    a, b = _bf16_logits(packed, ids), _bf16_logits(plain, ids)
+    # the same bf16 operands, summed in another order: bf16 rounding apart, never further
+    assert a.dtype == torch.float32 and torch.allclose(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_the_bf16_choice_times_bf16_and_needs_bf16_packing(monkeypatch):
+    shapes = [(64, 32), (128, 32)]
+    monkeypatch.setattr(lk, "onednn_available", lambda: True)
+    seen = []
+
+    def measure(out, inp, dtype=torch.float32):
+        seen.append(dtype)
+        return 2.0, 1.0
+
+    monkeypatch.setattr(lk, "measure", measure)
+    monkeypatch.setattr(lk, "bf16_packing_available", lambda: True)
+    assert choose("auto", shapes, torch.bfloat16) == "onednn" and seen == [torch.bfloat16]
+    monkeypatch.setattr(lk, "bf16_packing_available", lambda: False)
+    assert choose("auto", shapes, torch.bfloat16) == "torch"
+    with pytest.raises(ValueError, match="bfloat16 linear"):
+        choose("onednn", shapes, torch.bfloat16)
+    assert choose("auto", shapes, torch.float16) == "torch"  # no packed fp16 kernel: torch's
+    assert choose("auto", shapes) == "onednn" and seen[-1] == torch.float32  # fp32 still needs oneDNN only
