@@ -156,30 +156,36 @@ def choose(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torc
         raise ValueError(f"unknown linear kernel {kernel!r}; supported: {', '.join(LINEAR_KERNELS)}")
     if kernel == "torch" or not shapes:
         return "torch"
-    packs = onednn_available() if dtype == torch.float32 else dtype == torch.bfloat16 and bf16_packing_available()
-    if not packs:
+    if not _onednn_packs(dtype):
         if kernel == "onednn":
-            what = "linear" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} linear"
             raise ValueError(f"linear kernel 'onednn' asked for, but this torch build or CPU has no working oneDNN "
-                             f"{what}")
+                             f"{str(dtype).removeprefix('torch.')} linear")
         return "torch"
     if kernel == "onednn":
         return "onednn"
     widest = max(shapes, key=lambda s: s[0] * s[1] if s[0] < 32768 else 0)  # the LM head streams, skip it
-    t_torch, t_onednn = measure(*widest) if dtype == torch.float32 else measure(*widest, dtype=dtype)
+    t_torch, t_onednn = measure(*widest, dtype=dtype)
     return "onednn" if t_onednn * MIN_GAIN <= t_torch else "torch"
 
 
-def plain_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> dict[str, nn.Linear]:
-    """The model's plain linears whose weights are `dtype` (quantized ones are other module types)."""
-    return {n: m for n, m in model.named_modules() if type(m) is nn.Linear and m.weight.dtype == dtype}
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    if dtype == torch.float32:
+        return onednn_available()
+    return dtype == torch.bfloat16 and bf16_packing_available()
+
+
+def plain_linears(model: nn.Module, *dtypes: torch.dtype) -> dict[str, nn.Linear]:
+    """The model's plain linears whose weights are of `dtypes` (fp32 when none is given; quantized linears are
+    other module types)."""
+    wanted = dtypes or (torch.float32,)
+    return {n: m for n, m in model.named_modules() if type(m) is nn.Linear and m.weight.dtype in wanted}
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[str]:
     """Replace every plain fp32 `nn.Linear` with a `PackedLinear` of `dtype`; the names replaced (a bf16 model's
     own bf16 linears when `dtype` is bf16). A tied LM head gets its own packed copy (the embedding keeps the dense
     matrix it looks rows up in)."""
-    linears = plain_linears(model) | (plain_linears(model, dtype) if dtype != torch.float32 else {})
+    linears = plain_linears(model, torch.float32, dtype)
     for name, linear in linears.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, PackedLinear(linear.weight, linear.bias, dtype))

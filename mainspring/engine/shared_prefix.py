@@ -87,7 +87,5 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     [...] log-sum-exps of the scaled scores): each half weighted by its share of the softmax's denominator, B's
     being exp(lse_b) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_b - lse_a). Three ops: a decode step merges
     once per layer, where each op's dispatch costs more than its arithmetic."""
-    w = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)
-    if out_a.dtype == w.dtype:
-        return torch.lerp(out_a, out_b, w)
-    return torch.lerp(out_a.to(w.dtype), out_b.to(w.dtype), w).to(out_a.dtype)  # bf16 outputs, weighed in fp32
+    w = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)  # fp32: bf16 outputs are weighed in fp32 (no-op casts in fp32)
+    return torch.lerp(out_a.to(w.dtype), out_b.to(w.dtype), w).to(out_a.dtype)

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from mainspring.engine import linear_kernel as lk
 from mainspring.engine.linear_kernel import PackedLinear, choose, pack_linears, pack_weights_into
-from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.model import CausalLM
 from tests.engine.test_quant import run_logits as _logits
 from tests.train.tiny import tiny_config, tiny_state
@@ -40,7 +39,7 @@ def test_choice_follows_the_timing_and_the_pins(monkeypatch):
     seen = []
 
     def fake(torch_ms, onednn_ms):
-        def measure(out, inp):
+        def measure(out, inp, dtype=torch.float32):
             seen.append((out, inp))
             return torch_ms, onednn_ms
         return measure
@@ -136,15 +135,6 @@ def test_the_bf16_format_is_a_clear_error_where_the_cpu_cannot_pack_it():
         lk.quantize_model_bf16(model)
 
 
-def _bf16_logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
-    c = model.config
-    cache = [tuple(torch.zeros(64, c.num_key_value_heads, c.head_dim, dtype=torch.bfloat16) for _ in range(2))
-             for _ in range(c.num_hidden_layers)]
-    meta = AttentionMetadata.build([], [(list(range(4)), 0, len(ids))], 16)
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), cache, meta))
-
-
 @needs_bf16_packing
 def test_a_bf16_model_packs_its_own_linears_and_keeps_its_logits():
     cfg = tiny_config(vocab=64, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -156,7 +146,7 @@ def test_a_bf16_model_packs_its_own_linears_and_keeps_its_logits():
     assert isinstance(packed.lm_head, PackedLinear) and packed.lm_head.dtype == torch.bfloat16
     assert packed.embed_tokens.weight.dtype == torch.bfloat16  # the embedding keeps its dense rows
     ids = [3, 14, 15, 9, 2, 6]
-    a, b = _bf16_logits(packed, ids), _bf16_logits(plain, ids)
+    a, b = _logits(packed, ids), _logits(plain, ids)
     # the same bf16 operands, summed in another order: bf16 rounding apart, never further
     assert a.dtype == torch.float32 and torch.allclose(a, b, rtol=2e-2, atol=2e-2)
 

@@ -171,8 +171,8 @@ def tiny_model(vocab: int = 97, seed: int = 0) -> CausalLM:
 
 
 def run_logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
-    c = model.config
-    cache = [(torch.zeros(64, c.num_key_value_heads, c.head_dim), torch.zeros(64, c.num_key_value_heads, c.head_dim))
+    c, dtype = model.config, model.embed_tokens.weight.dtype  # the KV cache in the model's precision
+    cache = [tuple(torch.zeros(64, c.num_key_value_heads, c.head_dim, dtype=dtype) for _ in range(2))
              for _ in range(c.num_hidden_layers)]
     meta = AttentionMetadata.build([], [(list(range(4)), 0, len(ids))], 16)
     with torch.inference_mode():
