@@ -54,10 +54,10 @@ PYTEST_PAR ?= -n auto --maxprocesses=4 --dist worksteal
 # cores, spinning threads start each of a decode step's ~120 small GEMMs sooner (2x with oneDNN).
 test test-fast: export OMP_WAIT_POLICY ?= PASSIVE
 
-test: $(VENV)/.installed-test lint  ## the whole suite, as CI runs it
+test: $(VENV)/.installed-test system lint  ## the whole suite, as CI runs it (bubblewrap too: the sandbox tests need it)
 	$(VENV)/bin/pytest -q $(PYTEST_PAR)
 
-test-fast: $(VENV)/.installed-test lint
+test-fast: $(VENV)/.installed-test system lint
 	$(VENV)/bin/pytest -q $(PYTEST_PAR) -m "not slow"
 
 bench: install  ## bench/engine.py needs the bench extra: pip install -e '.[bench]'
