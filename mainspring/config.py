@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     linear_kernel: Literal["auto", "torch", "onednn"] = Field(
         "auto", description="kernel of the fp32 linears: 'auto' (torch's or oneDNN's with prepacked weights, "
         "whichever is faster on this CPU, timed at start), 'torch' or 'onednn'")
+    huge_pages: bool = Field(True, description="on Linux, move the CPU engines' weights onto transparent huge "
+                             "pages (2 MiB) at start: a decode step streams every weight, and 4 KiB pages slow "
+                             "the stream (engine/huge_pages.py)")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "
                              "'draft:layers=20,k=4' or a JSON object (engine/speculative.py); empty = off")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "

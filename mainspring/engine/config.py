@@ -66,6 +66,8 @@ class EngineConfig:
     # kernel of the linears left fp32 (engine/linear_kernel.py): "auto" times torch's and oneDNN's
     # prepacked one on this CPU; "torch" / "onednn" pin one
     linear_kernel: str = "auto"
+    # the CPU weights on transparent huge pages (engine/huge_pages.py); the values are unchanged either way
+    huge_pages: bool = True
     # speculative decoding (engine/speculative.py), off when None: SpeculativeConfig("ngram") or
     # SpeculativeConfig("draft", layers=20)
     speculative: SpeculativeConfig | None = None
@@ -99,6 +101,7 @@ class EngineConfig:
             device=s.device, dtype=s.dtype,
             speculative=SpeculativeConfig.parse(s.speculative),
             quantization=parse_quantization(s.quantization), linear_kernel=s.linear_kernel,
+            huge_pages=s.huge_pages,
             kv_policy=KVPolicyConfig.parse(s.kv_policy),
             kv_disk_cache_mb=s.kv_disk_cache_mb, decode_graphs="auto" if s.cuda_graphs else "off",
             # these settings' data dir, not the environment's (create_app may be given its own)

@@ -18,6 +18,7 @@ from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
+from mainspring.engine.huge_pages import HugePageReport, place_state, place_weights
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
@@ -66,8 +67,10 @@ class LLMEngine:
         check_supported(self.placement, quantization=self.config.quantization,
                         kv_policy=self.config.kv_policy is not None, speculative=self.config.speculative is not None,
                         kv_disk=self.config.kv_disk_cache_mb > 0)
-        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
         on_cuda = self.placement.device.type == "cuda"
+        if self.config.huge_pages and not on_cuda:  # once per load: every engine built from it shares these
+            place_state(loaded.state_dict)
+        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
         if on_cuda:
             self.model.to(self.placement.device)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
@@ -81,6 +84,9 @@ class LLMEngine:
         self.linear_kernel = "torch" if on_cuda else choose(self.config.linear_kernel, shapes, dtype)
         if self.linear_kernel == "onednn":
             pack_linears(self.model, dtype)
+        # after packing, the weights this engine made (fused, quantized): where a decode step will stream them
+        self.huge_pages = (HugePageReport(reason="weights on the GPU") if on_cuda else place_weights(self.model)
+                           if self.config.huge_pages else HugePageReport(reason="MAINSPRING_HUGE_PAGES off"))
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
@@ -103,9 +109,9 @@ class LLMEngine:
         if self.config.speculative:
             self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
-        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, linears on %s",
+        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, linears on %s, %s",
                  self.name, self.placement.device, self.placement.dtype_name, num_blocks, bs, num_blocks * bs,
-                 self.max_model_len, self.linear_kernel)
+                 self.max_model_len, self.linear_kernel, self.huge_pages.describe())
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
@@ -419,6 +425,7 @@ class LLMEngine:
         out = {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks,
                "linear_kernel": self.linear_kernel, "device": str(self.placement.device),
+               "weights_huge_page_mb": self.huge_pages.huge_bytes >> 20,
                "dtype": self.placement.dtype_name}
         if self.spec is not None:
             out.update(spec_draft_tokens=self.spec.num_draft_tokens, spec_accepted_tokens=self.spec.num_accepted_tokens)
