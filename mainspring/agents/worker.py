@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from mainspring.agents.polling import IdlePace
 from mainspring.agents import control, leases, writes
 from mainspring.agents.loop import LoopEnv, ModelResolver, RunLoop
 from mainspring.agents.tools.base import Tool
@@ -126,20 +127,24 @@ class Worker:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        pace = IdlePace(self.poll_s)
         while True:
+            found = True
             try:
-                await self._tick(loop.time())
+                found = await self._tick(loop.time())
             except asyncio.CancelledError:
                 raise
             except Exception:  # a database hiccup must not kill the worker
                 log.exception("agent worker tick failed")
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                await asyncio.wait_for(self._wake.wait(), pace.after(found))
             except asyncio.TimeoutError:
                 pass
 
-    async def _tick(self, t: float) -> None:
+    async def _tick(self, t: float) -> bool:
+        """One look: heartbeats, expired interrupts, runs to claim; whether there was work (runs driven, found or
+        expired)."""
         for run_id in [r for r, (_, task) in self.loops.items() if task.done()]:
             del self.loops[run_id]
         if self.loops and t - self._last_beat >= min(self.lease_s / 3, 1.0):
@@ -147,15 +152,17 @@ class Worker:
             orders = await self.env.call(leases.heartbeat, self.env.db, self.owner, list(self.loops), self.lease_s)
             for run_id, order in orders.items():  # flags set by another process; pauses wait for the boundary
                 self._interrupt(run_id, order, cut=order != "pause")
-        await self.env.call(control.expire_due, self.env.db)
-        for run_id, recovered in await self.env.call(leases.claim, self.env.db, self.owner,
-                                                     self.capacity - len(self.loops), self.lease_s):
+        expired = await self.env.call(control.expire_due, self.env.db)
+        claimed = await self.env.call(leases.claim, self.env.db, self.owner, self.capacity - len(self.loops),
+                                      self.lease_s)
+        for run_id, recovered in claimed:
             if recovered:
                 log.info("run %s: recovered after its worker died", run_id)
             run_loop = RunLoop(self.env, run_id)
             task = asyncio.create_task(run_loop.drive(), name=f"run-{run_id}")
             task.add_done_callback(lambda _: self.on_run_done())
             self.loops[run_id] = (run_loop, task)
+        return bool(self.loops) or expired > 0
 
     async def wait_idle(self, timeout: float = 60.0) -> None:
         """Until no run is being driven (tests, shutdown)."""

@@ -43,6 +43,7 @@ from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.plans import budget, deadlocks, handoffs, leader, queue_wait, replan, schedules, store
 from mainspring.agents.plans.admission import Admission, candidates
+from mainspring.agents.polling import IdlePace
 from mainspring.agents.plans.task_run import render_goal, route
 from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
@@ -75,6 +76,12 @@ class TickReport:
     handed_off: int = 0
     deadlocks: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # ready tasks held back, by reason (admission.py)
+
+    def acted(self) -> bool:
+        """Whether this tick changed anything or held a ready task back: the scheduler then looks again soon."""
+        return bool(self.blocked) or any((self.completed, self.failed, self.dispatched, self.recreated,
+                                          self.preempted, self.resumed, self.timed_out, self.expired,
+                                          self.queue_timed_out, self.fired, self.handed_off, self.deadlocks))
 
 
 class PlanScheduler:
@@ -113,17 +120,21 @@ class PlanScheduler:
         self._wake.set()
 
     async def _run(self) -> None:
+        pace = IdlePace(self.poll_s)
         while True:
+            found = True
             try:
-                if (await asyncio.to_thread(self.tick)).leader:
+                report = await asyncio.to_thread(self.tick)
+                if report.leader:
                     self.replans.kick()
+                found = report.acted()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a database hiccup must not stop scheduling
                 log.exception("plan scheduler tick failed")
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                await asyncio.wait_for(self._wake.wait(), pace.after(found))
             except asyncio.TimeoutError:
                 pass
 
