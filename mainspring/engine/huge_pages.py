@@ -1,4 +1,4 @@
-"""The model's weights on transparent huge pages (2 MiB instead of 4 KiB), where Linux offers them.
+"""The model's weights on transparent huge pages (2 MiB on x86-64 instead of 4 KiB pages), where Linux offers them.
 
 A decode step reads every weight once: at one row it is a stream through ~500 MB (SmolLM2-135M in fp32), and on
 4 KiB pages that stream takes a TLB miss every 4 KiB and the CPU's prefetchers stop at each page's end. Most
@@ -15,7 +15,7 @@ Two ways in, one per kind of tensor:
   (`place_state`), which the standard and the -fast engine share, then to what each engine made of it
   (`place_weights`: fused and quantized weights); a storage already in such a mapping stays where it is;
 - oneDNN's prepacked weights are opaque (no storage to rebind): their pages are collapsed in place
-  (MADV_COLLAPSE, Linux 6.1+), best effort, 2 MiB at a time.
+  (MADV_COLLAPSE, Linux 6.1+), best effort, one huge page at a time (the kernel's size: hpage_pmd_size).
 
 Nothing changes a value: outputs are bit for bit the same. Where THP is off ("never"), on other kernels or other
 systems, the weights stay where they are and the report says so.
@@ -36,19 +36,18 @@ from torch import nn
 
 from mainspring.engine.allocator import release_freed_memory
 
-HUGE_PAGE = 2 << 20
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+THP_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>; Python's mmap module names the first, not the second
 MADV_COLLAPSE = 25
 ALIGN = 64  # each storage's start in the arena: a cache line, what the kernels' vector loads like
-MIN_COLLAPSE_BYTES = HUGE_PAGE // 4  # smaller opaque tensors are not worth a 2 MiB page of their own
 TRIM_EVERY = 64 << 20  # bytes copied between trims: the copy's peak memory stays near the weights' size
 
 
 @dataclass
 class HugePageReport:
     placed_bytes: int = 0  # the model's dense storages in advised mappings (moved now, or by place_state)
-    collapsed_pages: int = 0  # 2 MiB pages of opaque (oneDNN) weights collapsed in place
+    collapsed_pages: int = 0  # huge pages of opaque (oneDNN) weights collapsed in place
     huge_bytes: int = 0  # of those mappings, what the kernel backs with huge pages (AnonHugePages in smaps)
     reason: str = ""  # why nothing was done, when nothing was
 
@@ -57,6 +56,15 @@ class HugePageReport:
             return f"weights on 4 KiB pages ({self.reason})"
         return (f"weights on huge pages: {self.huge_bytes >> 20} of {self.placed_bytes >> 20} MiB dense, "
                 f"{self.collapsed_pages} pages of packed weights collapsed")
+
+
+def huge_page_size() -> int:
+    """The kernel's huge page: 2 MiB on x86-64 and on ARM64 with 4 KiB pages, 512 MiB on ARM64 with 64 KiB."""
+    try:
+        with open(THP_SIZE) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
 
 
 def unavailable() -> str:
@@ -143,7 +151,8 @@ def _relocate(groups: _Groups) -> tuple[mmap.mmap | None, int]:
     total = sum(sizes.values())
     if total == 0:
         return None, 0
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    page = huge_page_size()
+    arena = mmap.mmap(-1, total + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = _address(arena)
     if _madvise(base, len(arena), MADV_HUGEPAGE) != 0:
         arena.close()
@@ -151,7 +160,7 @@ def _relocate(groups: _Groups) -> tuple[mmap.mmap | None, int]:
     _live[base] = base + len(arena)
     weakref.finalize(arena, _live.pop, base, None)  # freed with the last tensor that views it
     raw = torch.frombuffer(arena, dtype=torch.uint8)  # holds the mapping for every view made from it
-    offset = -base % HUGE_PAGE  # the first storage starts on a huge page boundary
+    offset = -base % page  # the first storage starts on a huge page boundary
     since_trim = 0
     for ptr in list(groups):
         entries = groups.pop(ptr)
@@ -175,16 +184,17 @@ def _relocate(groups: _Groups) -> tuple[mmap.mmap | None, int]:
 
 
 def _collapse_opaque(model: nn.Module, report: HugePageReport) -> None:
+    page = huge_page_size()
     pages: set[int] = set()
     for module in model.modules():
         packed = getattr(module, "_packed", None)
         if isinstance(packed, torch.Tensor) and packed.is_mkldnn:
             start, n = torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed)
-            if n >= MIN_COLLAPSE_BYTES:
-                pages.update(range(start // HUGE_PAGE * HUGE_PAGE, start + n, HUGE_PAGE))
-    for page in sorted(pages):
-        _madvise(page, HUGE_PAGE, MADV_HUGEPAGE)  # khugepaged may still do the pages a collapse leaves
-        report.collapsed_pages += _madvise(page, HUGE_PAGE, MADV_COLLAPSE) == 0
+            if n >= page // 4:  # a smaller one is not worth a huge page of its own
+                pages.update(range(start // page * page, start + n, page))
+    for address in sorted(pages):
+        _madvise(address, page, MADV_HUGEPAGE)  # khugepaged may still do the pages a collapse leaves
+        report.collapsed_pages += _madvise(address, page, MADV_COLLAPSE) == 0
 
 
 def _address(arena: mmap.mmap) -> int:

@@ -105,7 +105,7 @@ def test_packed_linears_are_collapsed_in_place_and_compute_the_same():
     report = place_weights(model)
     assert report.placed_bytes == 0  # no dense tensor: the packed weights are opaque and stay where they are
     assert torch.equal(model(x), before)
-    assert 0 <= report.collapsed_pages <= 2 * (4 << 20) // huge_pages.HUGE_PAGE + 2  # best effort, per page
+    assert 0 <= report.collapsed_pages <= 2 * (4 << 20) // huge_pages.huge_page_size() + 2  # best effort
 
 
 def test_nothing_moves_where_huge_pages_cannot_be_asked_for(monkeypatch, tmp_path):
@@ -120,6 +120,12 @@ def test_nothing_moves_where_huge_pages_cannot_be_asked_for(monkeypatch, tmp_pat
     assert "4 KiB pages" in report.describe()
     monkeypatch.setattr(huge_pages, "THP_ENABLED", str(tmp_path / "missing"))
     assert place_weights(model).reason == "the kernel has no transparent huge pages"
+    monkeypatch.setattr(huge_pages, "THP_SIZE", str(tmp_path / "missing"))
+    assert huge_pages.huge_page_size() == 2 << 20  # the kernel does not say: x86-64's
+    size = tmp_path / "hpage_pmd_size"
+    size.write_text("536870912\n")  # ARM64 with 64 KiB pages
+    monkeypatch.setattr(huge_pages, "THP_SIZE", str(size))
+    assert huge_pages.huge_page_size() == 512 << 20
     monkeypatch.setattr(huge_pages.sys, "platform", "darwin")
     assert place_weights(model).reason == "not Linux"
 
@@ -150,3 +156,20 @@ def test_a_placed_state_dict_is_shared_by_every_model_built_from_it():
                                           for t in {t.data_ptr(): t for t in dense_tensors(model)}.values())
         assert torch.equal(run_logits(model, ids), reference)
     assert place_state(state) == 0  # placed already
+
+
+@needs_thp
+def test_the_mapping_goes_with_the_last_tensor_that_views_it():
+    import gc
+
+    model = tiny_model()
+    place_weights(model)
+    mapping = huge_pages.placed_in(model.embed_tokens.weight.data_ptr())
+    assert mapping is not None and mapping[0] in huge_pages._live
+    keep = model.norm.weight  # one tensor outliving the model holds the whole mapping
+    del model
+    gc.collect()
+    assert mapping[0] in huge_pages._live
+    del keep
+    gc.collect()
+    assert mapping[0] not in huge_pages._live  # unmapped: an engine rebuilt (a fine-tuned model swapped) leaks nothing
