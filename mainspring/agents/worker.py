@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from mainspring.agents.polling import IdlePace
 from mainspring.agents import control, leases, writes
 from mainspring.agents.loop import LoopEnv, ModelResolver, RunLoop
+from mainspring.agents.polling import IdlePace
 from mainspring.agents.tools.base import Tool
 from mainspring.models import Usage
 

@@ -85,8 +85,12 @@ class LLMEngine:
         if self.linear_kernel == "onednn":
             pack_linears(self.model, dtype)
         # after packing, the weights this engine made (fused, quantized): where a decode step will stream them
-        self.huge_pages = (HugePageReport(reason="weights on the GPU") if on_cuda else place_weights(self.model)
-                           if self.config.huge_pages else HugePageReport(reason="MAINSPRING_HUGE_PAGES off"))
+        if on_cuda:
+            self.huge_pages = HugePageReport(reason="weights on the GPU")
+        elif self.config.huge_pages:
+            self.huge_pages = place_weights(self.model)
+        else:
+            self.huge_pages = HugePageReport(reason="MAINSPRING_HUGE_PAGES off")
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)

@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -90,7 +91,7 @@ def place_state(state: dict[str, torch.Tensor]) -> int:
     groups: _Groups = {}
     for name, t in state.items():
         _add(groups, t, partial(state.__setitem__, name))
-    return _relocate(groups)[1]
+    return _relocate(groups)
 
 
 def place_weights(model: nn.Module) -> HugePageReport:
@@ -100,28 +101,30 @@ def place_weights(model: nn.Module) -> HugePageReport:
     if reason:
         return HugePageReport(reason=reason)
     report = HugePageReport()
+    # where each tensor sits (a module's parameter or buffer dict, and its key): buffers are rebound there
+    slots: list[tuple[dict[str, Any], str]] = [
+        (owner, key) for module in model.modules() for owner in (module._parameters, module._buffers)
+        for key, t in owner.items() if t is not None]
     groups: _Groups = {}
-    for module in model.modules():
-        for owner in (module._parameters, module._buffers):
-            for key, t in owner.items():
-                if isinstance(t, nn.Parameter):  # the same Parameter object: ties, optimizers and hooks keep it
-                    _add(groups, t, partial(setattr, t, "data"))
-                elif t is not None:
-                    _add(groups, t, partial(owner.__setitem__, key))
+    for owner, key in slots:
+        t = owner[key]
+        # a Parameter keeps its identity (its .data is rebound): ties, optimizers and hooks still hold it
+        rebind = partial(setattr, t, "data") if isinstance(t, nn.Parameter) else partial(owner.__setitem__, key)
+        _add(groups, t, rebind)
     _relocate(groups)
     arenas: set[tuple[int, int]] = set()
     seen: set[int] = set()
-    for module in model.modules():  # the model's dense storages now, placed here or by place_state
-        for t in (*module._parameters.values(), *module._buffers.values()):
-            if t is None or t.is_mkldnn or t.data_ptr() in seen:  # a tied weight counts once
-                continue
-            seen.add(ptr := t.data_ptr())
-            arena = placed_in(ptr)
-            if arena is not None:
-                arenas.add(arena)
-                report.placed_bytes += t.numel() * t.element_size()
+    for owner, key in slots:  # the model's dense tensors now, placed here or by place_state
+        t = owner[key]
+        if t.is_mkldnn or t.data_ptr() in seen:  # a tied weight counts once
+            continue
+        seen.add(t.data_ptr())
+        arena = placed_in(t.data_ptr())
+        if arena is not None:
+            arenas.add(arena)
+            report.placed_bytes += t.numel() * t.element_size()
     # counted before the collapse below advises the packed weights' pages, which may sit next to them
-    report.huge_bytes = min(sum(_anon_huge_bytes(lo, hi - lo) for lo, hi in arenas), report.placed_bytes)
+    report.huge_bytes = min(_anon_huge_bytes(arenas), report.placed_bytes)
     _collapse_opaque(model, report)
     return report
 
@@ -144,19 +147,19 @@ def placed_in(address: int) -> tuple[int, int] | None:
     return next(((lo, hi) for lo, hi in _live.items() if lo <= address < hi), None)
 
 
-def _relocate(groups: _Groups) -> tuple[mmap.mmap | None, int]:
+def _relocate(groups: _Groups) -> int:
     """Copy each storage into one new advised mapping and rebind its tensors to the copy (same offset, shape and
-    strides); (the mapping, bytes copied), or (None, 0) when there was nothing to copy or no mapping to copy to."""
+    strides); the bytes copied (0 when there was nothing to copy or no mapping to copy to)."""
     sizes = {ptr: -(-ts[0][0].untyped_storage().nbytes() // ALIGN) * ALIGN for ptr, ts in groups.items()}
     total = sum(sizes.values())
     if total == 0:
-        return None, 0
+        return 0
     page = huge_page_size()
     arena = mmap.mmap(-1, total + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = _address(arena)
     if _madvise(base, len(arena), MADV_HUGEPAGE) != 0:
         arena.close()
-        return None, 0
+        return 0
     _live[base] = base + len(arena)
     weakref.finalize(arena, _live.pop, base, None)  # freed with the last tensor that views it
     raw = torch.frombuffer(arena, dtype=torch.uint8)  # holds the mapping for every view made from it
@@ -180,7 +183,7 @@ def _relocate(groups: _Groups) -> tuple[mmap.mmap | None, int]:
             release_freed_memory()
             since_trim = 0
     release_freed_memory()
-    return arena, total
+    return total
 
 
 def _collapse_opaque(model: nn.Module, report: HugePageReport) -> None:
@@ -213,9 +216,9 @@ def _madvise(address: int, length: int, advice: int) -> int:
     return _libc.madvise(address, length, advice)
 
 
-def _anon_huge_bytes(start: int, length: int) -> int:
-    """AnonHugePages of the mappings that overlap [start, start + length), from /proc/self/smaps, at most
-    `length`: the kernel merges neighbouring mappings advised alike into one, whose count covers both."""
+def _anon_huge_bytes(ranges: set[tuple[int, int]]) -> int:
+    """AnonHugePages of the mappings that overlap any (start, end) in `ranges`, from one read of /proc/self/smaps.
+    The kernel merges neighbouring mappings advised alike into one, whose count may cover more than the ranges."""
     total, inside = 0, False
     try:
         with open("/proc/self/smaps") as f:
@@ -223,9 +226,9 @@ def _anon_huge_bytes(start: int, length: int) -> int:
                 head = line.split(maxsplit=1)[0]
                 if "-" in head and not head.endswith(":"):
                     lo, hi = (int(x, 16) for x in head.split("-"))
-                    inside = lo < start + length and hi > start
+                    inside = any(lo < end and hi > start for start, end in ranges)
                 elif inside and head == "AnonHugePages:":
                     total += int(line.split()[1]) * 1024
     except OSError:
         return 0
-    return min(total, length)
+    return total

@@ -43,10 +43,10 @@ from mainspring.agents import control, journal
 from mainspring.agents.journal import JournalError, project_is
 from mainspring.agents.plans import budget, deadlocks, handoffs, leader, queue_wait, replan, schedules, store
 from mainspring.agents.plans.admission import Admission, candidates
-from mainspring.agents.polling import IdlePace
 from mainspring.agents.plans.task_run import render_goal, route
 from mainspring.agents.plans.spec import PlanError, PlanSpec, TaskSpec
 from mainspring.agents.plans.tables import PlanRow, PlanStatus, PlanTaskRow, TaskStatus
+from mainspring.agents.polling import IdlePace
 from mainspring.agents.status import TERMINAL, RunStatus
 from mainspring.agents.tables import AgentRow, RunRow
 from mainspring.models import ChatModel
