@@ -38,10 +38,17 @@ def register_price_sheet(session: Session, sheet: PriceSheet) -> PriceSheetRow:
     row = session.get(PriceSheetRow, sheet.version)
     body = sheet.body_json()
     if row is None:
-        row = PriceSheetRow(version=sheet.version, body_json=body)
-        session.add(row)
-        session.flush()
-    elif row.body_json != body:
+        # processes starting together on one Postgres (API servers, `mainspring worker`) each find no row and
+        # insert it: the savepoint lets the loser read the winner's row instead of dying at start-up
+        try:
+            with session.begin_nested():
+                row = PriceSheetRow(version=sheet.version, body_json=body)
+                session.add(row)
+        except IntegrityError:
+            row = session.get(PriceSheetRow, sheet.version, populate_existing=True)
+            if row is None:
+                raise
+    if row.body_json != body:
         raise LedgerError(f"price sheet version {sheet.version!r} is already stored with other prices; "
                           "give the changed sheet a new version")
     return row

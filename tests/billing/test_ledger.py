@@ -142,3 +142,26 @@ def test_price_sheet_versions_are_never_rewritten(db, sheet):
         ledger.register_price_sheet(s, changed.model_copy(update={"version": "2025-07-01.1"}))
     with session(db, readonly=True) as s:
         assert s.scalar(select(func.count()).select_from(PriceSheetRow)) == 2
+
+
+def test_a_process_that_loses_the_race_to_register_a_sheet_reads_the_winners_row(db, sheet, monkeypatch):
+    """Two processes start together on one database: both look, find no row, and insert. The one whose insert
+    comes second gets the stored row, not an IntegrityError that kills it at start-up."""
+    with session(db) as s:  # the winner, committed
+        ledger.register_price_sheet(s, sheet)
+    real_get = ledger.Session.get
+    looks = []
+
+    def get_before_the_winner_committed(self, entity, ident, **kw):
+        looks.append(kw)
+        return None if len(looks) == 1 else real_get(self, entity, ident, **kw)
+
+    monkeypatch.setattr(ledger.Session, "get", get_before_the_winner_committed)
+    with session(db) as s:
+        row = ledger.register_price_sheet(s, sheet)
+        assert row.version == sheet.version and row.body_json == sheet.body_json()
+        _bill(s, sheet, "after-the-race", create_key(s, "acme").key)  # the session is still usable
+    monkeypatch.undo()
+    with session(db, readonly=True) as s:
+        assert s.scalar(select(func.count()).select_from(PriceSheetRow)) == 1
+        assert s.scalar(select(func.count()).select_from(LedgerEntry)) == 1
