@@ -18,7 +18,7 @@ from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
-from mainspring.engine.huge_pages import HugePageReport, place_state, place_weights
+from mainspring.engine.huge_pages import HugePageReport, place_weights
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
@@ -68,8 +68,6 @@ class LLMEngine:
                         kv_policy=self.config.kv_policy is not None, speculative=self.config.speculative is not None,
                         kv_disk=self.config.kv_disk_cache_mb > 0)
         on_cuda = self.placement.device.type == "cuda"
-        if self.config.huge_pages and not on_cuda:  # once per load: every engine built from it shares these
-            place_state(loaded.state_dict)
         self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
         if on_cuda:
             self.model.to(self.placement.device)
@@ -77,18 +75,18 @@ class LLMEngine:
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
                                                 dense_prefill=self.config.quant_dense_prefill)
-        # the linears left in the model's dtype run on the faster kernel of this CPU (oneDNN prepacked, or torch's):
+        # the linears left in the model's dtype run on the faster kernel of this CPU (oneDNN or MKL prepacked, or torch's):
         # fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype
         shapes = [(m.out_features, m.in_features) for m in plain_linears(self.model, dtype).values()]
         self.linear_kernel = "torch" if on_cuda else choose(self.config.linear_kernel, shapes, dtype)
-        if self.linear_kernel == "onednn":
-            pack_linears(self.model, dtype)
+        if self.linear_kernel != "torch":
+            pack_linears(self.model, dtype, self.linear_kernel)
         # after packing, the weights this engine made (fused, quantized): where a decode step will stream them
         if on_cuda:
             self.huge_pages = HugePageReport(reason="weights on the GPU")
         elif self.config.huge_pages:
-            self.huge_pages = place_weights(self.model)
+            self.huge_pages = place_weights(self.model, loaded.state_dict)  # another engine from it shares these
         else:
             self.huge_pages = HugePageReport(reason="MAINSPRING_HUGE_PAGES off")
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
