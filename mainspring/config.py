@@ -47,9 +47,9 @@ class Settings(BaseSettings):
                                   "and the cache survives a restart; 0 = off")
     quantization: str = Field("", description="weights of the standard engine: '' (fp32), 'int4', 'int4-bf16', "
                               "'int4-fp32', 'int8' or 'bf16'")
-    linear_kernel: Literal["auto", "torch", "onednn"] = Field(
-        "auto", description="kernel of the fp32 linears: 'auto' (torch's or oneDNN's with prepacked weights, "
-        "whichever is faster on this CPU, timed at start), 'torch' or 'onednn'")
+    linear_kernel: Literal["auto", "torch", "onednn", "mkl"] = Field(
+        "auto", description="kernel of the fp32 linears: 'auto' (torch's, or oneDNN's or MKL's with prepacked "
+        "weights: whichever is fastest on this CPU at 1 and 16 rows, timed at start), 'torch', 'onednn' or 'mkl'")
     huge_pages: bool = Field(True, description="on Linux, move the CPU engines' weights onto transparent huge "
                              "pages (2 MiB) at start: a decode step streams every weight, and 4 KiB pages slow "
                              "the stream (engine/huge_pages.py)")

@@ -22,12 +22,16 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 log = logging.getLogger("mainspring.engine")
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h parameter numbers
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+DEFAULT_MMAP_THRESHOLD = 128 * 2**10  # glibc's own (DEFAULT_MMAP_THRESHOLD_MIN)
 TRIM_THRESHOLD = 2**30  # keep up to 1 GiB free at the heap's top
 
 _applied: bool | None = None
@@ -58,15 +62,36 @@ def release_freed_memory() -> bool:
     return bool(trim(0))
 
 
+@contextmanager
+def fresh_mappings() -> Iterator[None]:
+    """Large allocations made inside come from fresh mappings (glibc's mmap threshold at its default, 128 KiB), not
+    from freed heap memory: for a buffer larger than what its owner writes (MKL's weight packs), whose untouched
+    pages then take no memory. Nothing changes where the thresholds were not tuned (keep_freed_memory)."""
+    if not _applied:
+        yield
+        return
+    mallopt = _mallopt()
+    mallopt(M_MMAP_THRESHOLD, DEFAULT_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+
+
+def _mallopt() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
 def _tune() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = _mallopt()
     except (OSError, AttributeError):  # not glibc
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt answers 1 on success, 0 for a value it refuses
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 

@@ -63,8 +63,8 @@ class EngineConfig:
     # where bf16 is native (a bf16 copy); True also elsewhere (an fp32 copy: prefill as fast as fp32's, for
     # the -fast engine, at the fp32 weights' memory)
     quant_dense_prefill: bool | None = None
-    # kernel of the linears left fp32 (engine/linear_kernel.py): "auto" times torch's and oneDNN's
-    # prepacked one on this CPU; "torch" / "onednn" pin one
+    # kernel of the linears left fp32 (engine/linear_kernel.py): "auto" times torch's and the prepacked ones
+    # (oneDNN's, MKL's) on this CPU; "torch" / "onednn" / "mkl" pin one
     linear_kernel: str = "auto"
     # the CPU weights on transparent huge pages (engine/huge_pages.py); the values are unchanged either way
     huge_pages: bool = True

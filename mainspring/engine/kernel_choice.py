@@ -102,9 +102,10 @@ def linear_shapes(model: nn.Module) -> Counter[tuple[int, int]]:
 
 def build_linear(name: str, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A linear of candidate `name` over `weight` (no bias), as the engine would build it."""
-    if name == FP32:  # the standard engine's kernel for this shape: oneDNN prepacked or torch's
-        if choose("auto", [(weight.shape[0], weight.shape[1])]) == "onednn":
-            return PackedLinear(weight)
+    if name == FP32:  # the standard engine's kernel for this shape: oneDNN or MKL prepacked, or torch's
+        kernel = choose("auto", [(weight.shape[0], weight.shape[1])])
+        if kernel != "torch":
+            return PackedLinear(weight, kernel=kernel)
         return lambda x: F.linear(x, weight)
     if name == "bf16":
         return PackedLinear(weight, dtype=torch.bfloat16)

@@ -225,8 +225,8 @@ class Int4Linear(nn.Module):
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16()
         dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None
-        # an fp32 copy runs on the standard engine's fp32 kernel: oneDNN prepacked where it is the faster (MKL
-        # takes a slow path on AMD: 2.6x at prefill sizes, engine/linear_kernel.py)
+        # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
+        # prefill sizes, engine/linear_kernel.py); MKL's own packing gains only at a few rows, which prefill never is
         self.dense_packed: PackedLinear | None = None
         if dense is not None and dense.dtype == torch.float32 and choose("auto", [q.shape]) == "onednn":
             self.dense_packed, dense = PackedLinear(dense), None
