@@ -56,10 +56,11 @@ PACKED_KERNELS = ("onednn", "mkl")
 STREAM_BYTES = 128 << 20  # the weights measure() streams: more than a CPU cache holds
 MIN_GAIN = 1.1  # "auto" packs only when a packed kernel is at least this much faster: a tie keeps torch's kernel
 BATCH_ROWS = 16  # the rows of a busy server's decode step, the second row count "auto" times
-# how much slower at 1 row than the fastest a kernel may be and still win on batches: on the Xeon capped at AVX2,
-# MKL's packs timed 1.17x torch's at 1 row (4 KiB pages) and 0.71x at 16; through the engine, single-stream decode
-# took 6% longer a step, and a step of 32 agents 14% less
-SINGLE_ROW_SLACK = 1.25
+# how much slower at 1 row than the fastest a kernel may be and still win on batches: a guard, the sum decides. On
+# the Xeon capped at AVX2, MKL's packs timed 1.17-1.50x torch's at 1 row (from one start to the next) and 0.71-0.73x
+# at 16 on the widest layer, the sum 0.82-0.89x; through the engine a single stream's decode step took 9% longer
+# and a step of 32 agents 14% less. Uncapped, the sum was 0.94-0.95x: torch's kernel stays (MIN_GAIN)
+SINGLE_ROW_SLACK = 2.0
 MKL_PACK_ROWS = 128  # the row count MKL packs for (the layout's hint; any row count computes correctly)
 
 
@@ -177,10 +178,10 @@ def seconds_per_call(fns: Sequence[Callable[[torch.Tensor], torch.Tensor]], x: t
             return elapsed / calls
 
 
-@lru_cache(maxsize=8)
-def measure(out_features: int, in_features: int, budget_s: float = 0.03,
-            dtype: torch.dtype = torch.float32) -> dict[str, tuple[float, float]]:
-    """Per kernel that runs `dtype` here (torch's, and the packed ones): ms per call of one linear of this shape at
+@lru_cache(maxsize=16)
+def measure(out_features: int, in_features: int, budget_s: float = 0.03, dtype: torch.dtype = torch.float32,
+            kernels: tuple[str, ...] = PACKED_KERNELS) -> dict[str, tuple[float, float]]:
+    """Per kernel that runs `dtype` here (torch's, and those of `kernels` that pack it): ms per call of one linear of this shape at
     1 row and at BATCH_ROWS, cycling over distinct random weights (up to STREAM_BYTES) so they stream from memory
     as in a step; the best of three rounds; cached per process and shape. One packed copy at a time: start-up's
     peak memory grows by the dense copies and one packed set, not one set per kernel.
@@ -196,7 +197,7 @@ def measure(out_features: int, in_features: int, budget_s: float = 0.03,
     xs = {rows: torch.randn(rows, in_features, generator=gen).to(dtype) for rows in (1, BATCH_ROWS)}
     times = {}
     with torch.inference_mode():
-        for kernel in ("torch", *(k for k in PACKED_KERNELS if packs(k, dtype))):  # one kernel's weights at a time
+        for kernel in ("torch", *(k for k in kernels if packs(k, dtype))):  # one kernel's weights at a time
             if kernel == "torch":
                 fns: list[Callable[[torch.Tensor], torch.Tensor]] = [lambda x, w=w: F.linear(x, w) for w in weights]
             else:
@@ -222,10 +223,11 @@ def pick(times: dict[str, tuple[float, float]]) -> str:
     return best
 
 
-def choose(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torch.float32) -> str:
+def choose(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torch.float32,
+           kernels: tuple[str, ...] = PACKED_KERNELS) -> str:
     """"torch", "onednn" or "mkl" for these linear shapes (out, in) in `dtype` (fp32, or bf16 where oneDNN packs
-    it): what `kernel` pins, or for "auto" the one `pick` takes on the widest shape (timing it costs well under a
-    second, once per process)."""
+    it): what `kernel` pins, or for "auto" the one `pick` takes, among torch's and `kernels`, on the widest shape
+    (timing it costs about a second, once per process and shape)."""
     if kernel not in LINEAR_KERNELS:
         raise ValueError(f"unknown linear kernel {kernel!r}; supported: {', '.join(LINEAR_KERNELS)}")
     if kernel == "torch" or not shapes:
@@ -236,10 +238,10 @@ def choose(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torc
             raise ValueError(f"linear kernel {kernel!r} asked for, but this torch build or CPU has no working "
                              f"{name} {str(dtype).removeprefix('torch.')} linear")
         return kernel
-    if not any(packs(k, dtype) for k in PACKED_KERNELS):
+    if not any(packs(k, dtype) for k in kernels):
         return "torch"
     widest = max(shapes, key=lambda s: s[0] * s[1] if s[0] < 32768 else 0)  # the LM head streams, skip it
-    return pick(measure(*widest, dtype=dtype))
+    return pick(measure(*widest, dtype=dtype, kernels=kernels))
 
 
 def plain_linears(model: nn.Module, *dtypes: torch.dtype) -> dict[str, nn.Linear]:

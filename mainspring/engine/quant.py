@@ -228,7 +228,8 @@ class Int4Linear(nn.Module):
         # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
         # prefill sizes, engine/linear_kernel.py); MKL's own packing gains only at a few rows, which prefill never is
         self.dense_packed: PackedLinear | None = None
-        if dense is not None and dense.dtype == torch.float32 and choose("auto", [q.shape]) == "onednn":
+        if dense is not None and dense.dtype == torch.float32 and choose("auto", [q.shape], kernels=("onednn",)) \
+                == "onednn":
             self.dense_packed, dense = PackedLinear(dense), None
         self.register_buffer("dense_weight", dense)
 

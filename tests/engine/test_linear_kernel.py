@@ -53,11 +53,12 @@ def test_the_pick_weighs_one_row_and_a_batch():
     assert lk.pick(xeon_avx2) == "mkl"  # a batch 1.41x faster for a single stream 17% slower
     xeon_native = {"torch": (0.228, 0.695), "onednn": (0.404, 0.543), "mkl": (0.300, 0.577)}
     assert lk.pick(xeon_native) == "torch"  # together 1.05x: under MIN_GAIN
-    costly = {"torch": (0.16, 0.40), "onednn": (0.30, 0.50), "mkl": (0.21, 0.25)}
-    assert lk.pick(costly) == "torch"  # the batch gain would cost a single stream 31%
+    costly = {"torch": (0.16, 0.40), "onednn": (0.30, 0.50), "mkl": (0.33, 0.20)}
+    assert lk.pick(costly) == "torch"  # the batch gain would cost a single stream twice the time
     close = {"torch": (0.20, 0.40), "mkl": (0.20, 0.38)}
     assert lk.pick(close) == "torch"  # within MIN_GAIN: torch's kernel stays
     assert lk.pick({"torch": (0.20, 0.40)}) == "torch"
+    assert lk.pick({"torch": (0.212, 0.806), "onednn": (0.440, 0.808), "mkl": (0.319, 0.583)}) == "mkl"  # another start
 
 
 def test_choice_follows_the_timing_and_the_pins(monkeypatch):
@@ -67,7 +68,7 @@ def test_choice_follows_the_timing_and_the_pins(monkeypatch):
     seen = []
 
     def fake(times):
-        def measure(out, inp, dtype=torch.float32):
+        def measure(out, inp, dtype=torch.float32, kernels=lk.PACKED_KERNELS):
             seen.append((out, inp))
             return times
         return measure
@@ -95,6 +96,7 @@ def test_measure_times_every_kernel_that_runs_here_at_both_row_counts():
     expected = {"torch"} | {k for k in lk.PACKED_KERNELS if lk.packs(k)}
     assert set(times) == expected
     assert all(len(t) == 2 and t[0] > 0 and t[1] > 0 for t in times.values())
+    assert set(lk.measure(64, 48, budget_s=0.001, kernels=("onednn",))) == {"torch"} | ({"onednn"} & expected)
     lk.measure.cache_clear()
 
 
@@ -197,7 +199,7 @@ def test_the_bf16_choice_times_bf16_and_needs_bf16_packing(monkeypatch):
     monkeypatch.setattr(lk, "onednn_available", lambda: True)
     seen = []
 
-    def measure(out, inp, dtype=torch.float32):
+    def measure(out, inp, dtype=torch.float32, kernels=lk.PACKED_KERNELS):
         seen.append(dtype)
         return {"torch": (2.0, 4.0), "onednn": (1.0, 2.0)}
 
