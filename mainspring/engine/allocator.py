@@ -32,6 +32,7 @@ M_TRIM_THRESHOLD = -1  # glibc's malloc.h parameter numbers
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 DEFAULT_MMAP_THRESHOLD = 128 * 2**10  # glibc's own (DEFAULT_MMAP_THRESHOLD_MIN)
+TRIM_EVERY = 64 << 20  # bytes replaced between trims while weights are copied or packed: the peak stays near them
 TRIM_THRESHOLD = 2**30  # keep up to 1 GiB free at the heap's top
 
 _applied: bool | None = None

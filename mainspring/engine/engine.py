@@ -86,7 +86,8 @@ class LLMEngine:
         if on_cuda:
             self.huge_pages = HugePageReport(reason="weights on the GPU")
         elif self.config.huge_pages:
-            self.huge_pages = place_weights(self.model, loaded.state_dict)  # another engine from it shares these
+            # the state dict's entries follow: another engine built from it shares these; packs collapse meanwhile
+            self.huge_pages = place_weights(self.model, loaded.state_dict, background=True)
         else:
             self.huge_pages = HugePageReport(reason="MAINSPRING_HUGE_PAGES off")
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)

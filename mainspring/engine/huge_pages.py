@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,20 +40,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from mainspring.engine.allocator import release_freed_memory
+from mainspring.engine.allocator import TRIM_EVERY, release_freed_memory
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 THP_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>; Python's mmap module names the first, not the second
 MADV_COLLAPSE = 25
 ALIGN = 64  # each storage's start in the arena: a cache line, what the kernels' vector loads like
-TRIM_EVERY = 64 << 20  # bytes copied between trims: the copy's peak memory stays near the weights' size
 
 
 @dataclass
 class HugePageReport:
-    placed_bytes: int = 0  # the model's dense storages in advised mappings (moved now, or by place_state)
+    placed_bytes: int = 0  # the model's dense storages in advised mappings (moved now, or by an earlier call)
     collapsed_pages: int = 0  # huge pages of opaque (oneDNN, MKL) weights collapsed in place
+    collapsing_pages: int = 0  # of those, how many a collapse was asked for (so far, when on a background thread)
     huge_bytes: int = 0  # of those mappings, what the kernel backs with huge pages (AnonHugePages in smaps)
     reason: str = ""  # why nothing was done, when nothing was
 
@@ -60,7 +61,7 @@ class HugePageReport:
         if self.reason:
             return f"weights on 4 KiB pages ({self.reason})"
         return (f"weights on huge pages: {self.huge_bytes >> 20} of {self.placed_bytes >> 20} MiB dense, "
-                f"{self.collapsed_pages} pages of packed weights collapsed")
+                f"{self.collapsed_pages} of {self.collapsing_pages} pages of packed weights collapsed")
 
 
 def huge_page_size() -> int:
@@ -86,12 +87,15 @@ def unavailable() -> str:
     return ""
 
 
-def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = None) -> HugePageReport:
+def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = None,
+                  background: bool = False) -> HugePageReport:
     """Move `model`'s CPU weights onto huge pages as the module docstring says (those not there already); what
     was done. Entries of `shared` (the state dict the model was built from) that view a storage the model uses are
     rebound to the copy too, so another engine built from it later adopts the placed tensor instead of copying it
     again; entries the model does not use (what it fused, packed or quantized) are left alone, to be freed with
-    the state dict."""
+    the state dict. `background`: packed weights are collapsed on a thread of their own, which the report's
+    counts follow: each collapse compacts memory for its huge page, tens of milliseconds where memory is
+    fragmented (SmolLM2's MKL packs: 3 to 14 s in all at start, on the Xeon of engine/linear_kernel.py)."""
     reason = unavailable()
     if reason:
         return HugePageReport(reason=reason)
@@ -123,7 +127,12 @@ def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = Non
             report.placed_bytes += t.numel() * t.element_size()
     # counted before the collapse below advises the packed weights' pages, which may sit next to them
     report.huge_bytes = min(_anon_huge_bytes(arenas), report.placed_bytes)
-    _collapse_opaque(model, report)
+    packs, pages = _opaque_pages(model)
+    report.collapsing_pages = len(pages)
+    if background and pages:
+        threading.Thread(target=_collapse, args=(packs, pages, report), name="huge-page-collapse", daemon=True).start()
+    else:
+        _collapse(packs, pages, report)
     return report
 
 
@@ -184,22 +193,32 @@ def _relocate(groups: _Groups) -> int:
     return total
 
 
-def _collapse_opaque(model: nn.Module, report: HugePageReport) -> None:
+def _opaque_pages(model: nn.Module) -> tuple[list[torch.Tensor], list[int]]:
+    """The model's packed (opaque) weights, and the huge pages they mostly fill, in address order."""
     page = huge_page_size()
+    packs: list[torch.Tensor] = []
     pages: set[int] = set()
     for module in model.modules():
         packed = getattr(module, "_packed", None)
         if isinstance(packed, torch.Tensor) and packed.is_mkldnn:
             start, n = torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed)
             if n >= page // 4:  # a smaller one is not worth a huge page of its own
+                packs.append(packed)
                 pages.update(range(start // page * page, start + n, page))
-    for address in sorted(pages):
-        # only pages mostly filled already: a collapse fills what it covers, and MKL's buffer is ~3x what it packs
-        # into it. Measured on SmolLM2 (Xeon, capped at AVX2): every touched page collapsed, single-stream decode
-        # took 33.0 ms a step for +138 MB; half-filled ones, 33.9 for +42 MB; only full ones, 36.5
-        if _mostly_resident(address, page):
-            _madvise(address, page, MADV_HUGEPAGE)  # khugepaged may still do the pages a collapse leaves
-            report.collapsed_pages += _madvise(address, page, MADV_COLLAPSE) == 0
+    # only pages mostly filled already: a collapse fills what it covers, and MKL's buffer is ~3x what it packs into
+    # it. Measured on SmolLM2 (Xeon, capped at AVX2): every touched page collapsed, single-stream decode took 33.0
+    # ms a step for +138 MB; half-filled ones, 33.9 for +42 MB; only full ones, 36.5
+    return packs, [address for address in sorted(pages) if _mostly_resident(address, page)]
+
+
+def _collapse(packs: list[torch.Tensor], pages: list[int], report: HugePageReport) -> None:
+    """Collapse each huge page in place (`packs` holds the weights alive meanwhile: a page freed and reused
+    would be someone else's)."""
+    page = huge_page_size()
+    for address in pages:
+        _madvise(address, page, MADV_HUGEPAGE)  # khugepaged may still do the pages a collapse leaves
+        report.collapsed_pages += _madvise(address, page, MADV_COLLAPSE) == 0
+    del packs
 
 
 def _mostly_resident(address: int, length: int) -> bool:

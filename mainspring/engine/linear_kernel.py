@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mainspring.engine.allocator import fresh_mappings
+from mainspring.engine.allocator import TRIM_EVERY, fresh_mappings, release_freed_memory
 
 if TYPE_CHECKING:
     from mainspring.engine.quant import QuantReport
@@ -256,10 +256,17 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32, kernel: s
     model's own bf16 linears when `dtype` is bf16). A tied LM head gets its own packed copy (the embedding keeps the
     dense matrix it looks rows up in)."""
     linears = plain_linears(model, torch.float32, dtype)
-    for name, linear in linears.items():
+    names, since_trim = list(linears), 0
+    for name in names:
+        linear = linears.pop(name)  # the dense weight goes with the module, unless something else holds it
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, PackedLinear(linear.weight, linear.bias, dtype, kernel))
-    return list(linears)
+        since_trim += linear.weight.nbytes
+        del linear
+        if since_trim > TRIM_EVERY:  # the replaced weights' heap pages go back as packing goes: a lower peak
+            release_freed_memory()
+            since_trim = 0
+    return names
 
 
 def quantize_model_bf16(model: nn.Module) -> QuantReport:
