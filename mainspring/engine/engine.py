@@ -75,8 +75,8 @@ class LLMEngine:
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
                                                 dense_prefill=self.config.quant_dense_prefill)
-        # the linears left in the model's dtype run on the faster kernel of this CPU (oneDNN or MKL prepacked, or torch's):
-        # fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
+        # the linears left in the model's dtype run on the fastest kernel of this CPU (oneDNN or MKL prepacked, or
+        # torch's): fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype
         shapes = [(m.out_features, m.in_features) for m in plain_linears(self.model, dtype).values()]
         self.linear_kernel = "torch" if on_cuda else choose(self.config.linear_kernel, shapes, dtype)

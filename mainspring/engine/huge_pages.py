@@ -110,9 +110,10 @@ def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = Non
         # a Parameter keeps its identity (its .data is rebound): ties, optimizers and hooks still hold it
         rebind = partial(setattr, t, "data") if isinstance(t, nn.Parameter) else partial(owner.__setitem__, key)
         _add(groups, t, rebind)
-    for name, t in (shared or {}).items():
+    state = shared if shared is not None else {}
+    for name, t in state.items():
         if t.device.type == "cpu" and t.layout == torch.strided and t.untyped_storage().data_ptr() in groups:
-            _add(groups, t, partial(shared.__setitem__, name))  # type: ignore[union-attr]
+            _add(groups, t, partial(state.__setitem__, name))
     _relocate(groups)
     arenas: set[tuple[int, int]] = set()
     seen: set[int] = set()

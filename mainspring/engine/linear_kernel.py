@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -181,10 +181,10 @@ def seconds_per_call(fns: Sequence[Callable[[torch.Tensor], torch.Tensor]], x: t
 @lru_cache(maxsize=16)
 def measure(out_features: int, in_features: int, budget_s: float = 0.03, dtype: torch.dtype = torch.float32,
             kernels: tuple[str, ...] = PACKED_KERNELS) -> dict[str, tuple[float, float]]:
-    """Per kernel that runs `dtype` here (torch's, and those of `kernels` that pack it): ms per call of one linear of this shape at
-    1 row and at BATCH_ROWS, cycling over distinct random weights (up to STREAM_BYTES) so they stream from memory
-    as in a step; the best of three rounds; cached per process and shape. One packed copy at a time: start-up's
-    peak memory grows by the dense copies and one packed set, not one set per kernel.
+    """Per kernel that runs `dtype` here (torch's, and those of `kernels` that pack it): ms per call of one linear
+    of this shape at 1 row and at BATCH_ROWS, cycling over distinct random weights (up to STREAM_BYTES) so they
+    stream from memory as in a step; the best of three rounds; cached per process and shape. One packed copy at a
+    time: start-up's peak memory grows by the dense copies and one packed set, not one set per kernel.
 
     Why so: the kernels rank differently by rows and by whether the weight sits in cache. On an AMD EPYC
     (AVX2) one matrix timed over and over made MKL look faster (0.14 vs 0.23 ms) while a step's streamed
@@ -199,7 +199,7 @@ def measure(out_features: int, in_features: int, budget_s: float = 0.03, dtype: 
     with torch.inference_mode():
         for kernel in ("torch", *(k for k in kernels if packs(k, dtype))):  # one kernel's weights at a time
             if kernel == "torch":
-                fns: list[Callable[[torch.Tensor], torch.Tensor]] = [lambda x, w=w: F.linear(x, w) for w in weights]
+                fns: list[Callable[[torch.Tensor], torch.Tensor]] = [partial(F.linear, weight=w) for w in weights]
             else:
                 fns = [PackedLinear(w, dtype=dtype, kernel=kernel) for w in weights]
             rounds = [[seconds_per_call(fns, x, budget_s) * 1e3 for x in xs.values()] for _ in range(3)]
