@@ -59,7 +59,7 @@ BATCH_ROWS = 16  # the rows of a busy server's decode step, the second row count
 # how much slower at 1 row than the fastest a kernel may be and still win on batches: a guard, the sum decides. On
 # the Xeon capped at AVX2, MKL's packs timed 1.17-1.50x torch's at 1 row (from one start to the next) and 0.71-0.73x
 # at 16 on the widest layer, the sum 0.82-0.89x; through the engine a single stream's decode step took 9% longer
-# and a step of 32 agents 14% less. Uncapped, the sum was 0.94-0.95x: torch's kernel stays (MIN_GAIN)
+# and a step of 32 agents 14% less. Uncapped, the sum was 0.83-0.95x: either kernel, by start (MIN_GAIN)
 SINGLE_ROW_SLACK = 2.0
 MKL_PACK_ROWS = 128  # the row count MKL packs for (the layout's hint; any row count computes correctly)
 
