@@ -67,8 +67,10 @@ def release_freed_memory() -> bool:
 def fresh_mappings() -> Iterator[None]:
     """Large allocations made inside come from fresh mappings (glibc's mmap threshold at its default, 128 KiB), not
     from freed heap memory: for a buffer larger than what its owner writes (MKL's weight packs), whose untouched
-    pages then take no memory. Nothing changes where the thresholds were not tuned (keep_freed_memory)."""
-    if not _applied:
+    pages then take no memory. Tunes the thresholds first (keep_freed_memory), so there is a known one to go back
+    to: glibc's own moves with what a process frees, and a buffer below it comes from recycled heap pages, already
+    backed. Nothing changes where malloc is not glibc's."""
+    if not keep_freed_memory():
         yield
         return
     mallopt = _mallopt()
