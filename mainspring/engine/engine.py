@@ -87,8 +87,10 @@ class LLMEngine:
         if on_cuda:
             self.huge_pages = HugePageReport(reason="weights on the GPU")
         elif self.config.huge_pages:
-            # the state dict's entries follow: another engine built from it shares these; packs collapse meanwhile
-            self.huge_pages = place_weights(self.model, loaded.state_dict, background=True)
+            # the state dict's entries follow: another engine built from it shares these. Packs collapse before the
+            # engine serves: on a background thread the first workload after start ran at half speed (12.5 against
+            # ~26 tok/s single-stream through HTTP, Xeon capped at AVX2) while they did
+            self.huge_pages = place_weights(self.model, loaded.state_dict)
         else:
             self.huge_pages = HugePageReport(reason="MAINSPRING_HUGE_PAGES off")
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
