@@ -74,8 +74,7 @@ class LLMEngine:
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
-                                                dense_prefill=self.config.quant_dense_prefill,
-                                                dense_kernel=self.config.linear_kernel)
+                                                dense_prefill=self.config.quant_dense_prefill)
         # the linears left in the model's dtype run on the fastest kernel of this CPU (oneDNN or MKL prepacked, or
         # torch's): fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype

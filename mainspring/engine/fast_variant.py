@@ -67,12 +67,9 @@ def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:
                          verify_rows=(spec.k + 1) if spec is not None else 1)
 
 
-def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None,
-                      linear_kernel: str | None = None) -> LLMEngine:
+def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None) -> LLMEngine:
     """The `-fast` engine. Pass the plain engine's `LoadedModel` to share its tokenizer and fp32
-    tensors (embeddings, norms), and its `linear_kernel` for the fp32 linears it keeps (its int4 layers'
-    prefill copies: a first token then costs what it costs on the plain engine, without timing the kernels
-    again); int4 weights come from the disk cache after the first start."""
+    tensors (embeddings, norms); int4 weights come from the disk cache after the first start."""
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
     placement = resolve_placement(s.device, s.dtype)
@@ -84,8 +81,6 @@ def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | No
     else:
         choice = fast_kernel(s, loaded)
         config = fast_engine_config(s, choice.quantization)
-        if linear_kernel is not None:
-            config = dataclasses.replace(config, linear_kernel=linear_kernel)
     engine = LLMEngine(loaded, config)
     engine.name = loaded.name + FAST_SUFFIX
     engine.kernel_choice = choice

@@ -210,8 +210,7 @@ class Int4Linear(nn.Module):
     dense_weight: torch.Tensor | None
 
     def __init__(self, q: Int4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None,
-                 dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS,
-                 dense_kernel: str = "auto") -> None:
+                 dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS) -> None:
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = q.group_size
@@ -226,15 +225,12 @@ class Int4Linear(nn.Module):
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16()
         dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None
-        # an fp32 copy runs on `dense_kernel`: the standard engine's choice when given (engine/linear_kernel.py), so
-        # a prompt's first token costs what it costs there; "auto" times oneDNN against torch's for this shape (MKL
-        # takes a slow path on AMD: oneDNN 2.6x at prefill sizes), MKL's packs too slow a timing to take per shape
+        # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
+        # prefill sizes, engine/linear_kernel.py); MKL's own packing gains only at a few rows, which prefill never is
         self.dense_packed: PackedLinear | None = None
-        kernel = "torch"
-        if dense is not None and dense.dtype == torch.float32:
-            kernel = choose(dense_kernel, [q.shape], kernels=("onednn",))
-        if kernel != "torch":
-            self.dense_packed, dense = PackedLinear(dense, kernel=kernel), None
+        if dense is not None and dense.dtype == torch.float32 and choose("auto", [q.shape], kernels=("onednn",)) \
+                == "onednn":
+            self.dense_packed, dense = PackedLinear(dense), None
         self.register_buffer("dense_weight", dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -285,8 +281,8 @@ def quantizable_linears(model: nn.Module, include_lm_head: bool = True) -> dict[
 @torch.no_grad()
 def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
                    two_pass: tuple[str, ...] = DEFAULT_TWO_PASS, weights: dict[str, Int4Weight] | None = None,
-                   compute_dtype: torch.dtype | None = None, dense_prefill: bool | None = None,
-                   dense_kernel: str = "auto") -> tuple[QuantReport, dict[str, Int4Weight]]:
+                   compute_dtype: torch.dtype | None = None,
+                   dense_prefill: bool | None = None) -> tuple[QuantReport, dict[str, Int4Weight]]:
     """Replace the model's linears by `Int4Linear`s, in place; those named in `two_pass` get two
     int4 passes (~8-bit, see `Int4Weight`).
 
@@ -313,8 +309,7 @@ def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, inclu
             report.num_quantized_now += 1
         forms[name] = q
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf,
-                Int4Linear(q, linear.bias, compute_dtype, dense_prefill, dense_kernel=dense_kernel))
+        setattr(model.get_submodule(parent), leaf, Int4Linear(q, linear.bias, compute_dtype, dense_prefill))
         report.quantized.append(name)
     _log_kept(report.kept_fp32)
     report.seconds = time.perf_counter() - start

@@ -230,24 +230,3 @@ def test_the_engine_on_mkl_packs_decodes_what_torchs_kernel_decodes(embedded):
         assert all(m.kernel == "mkl" for m in engine.model.modules() if isinstance(m, PackedLinear))
         outputs[kernel] = [o.token_ids for o in engine.generate(prompts, params)]
     assert outputs["mkl"] == outputs["torch"]
-
-
-@needs_mkl
-@pytest.mark.parametrize("kernel", ["torch", "mkl"])
-def test_int4_prefill_copies_take_the_kernel_they_are_given(kernel, monkeypatch):
-    # the -fast engine's int4 layers prefill on a dense copy: on the plain engine's kernel, a first token costs
-    # what it costs there
-    from mainspring.engine import quant
-    from mainspring.engine.quant import KERNEL_MAX_ROWS, Int4Linear, quantize_int4
-
-    monkeypatch.setattr(quant, "dense_prefill_dtype", lambda: torch.float32)  # a CPU without native bf16
-
-    g = torch.Generator().manual_seed(5)
-    w = torch.randn(96, 64, generator=g) * 0.1
-    q = quantize_int4(w, 32)
-    layer = Int4Linear(q, None, torch.float32, dense_prefill=True, dense_kernel=kernel)
-    assert (layer.dense_packed is not None and layer.dense_packed.kernel == "mkl") == (kernel == "mkl")
-    assert (layer.dense_weight is not None) == (kernel == "torch")
-    dense = Int4Linear(q, None, torch.float32, dense_prefill=True, dense_kernel="torch").dense_weight
-    x = torch.randn(KERNEL_MAX_ROWS + 9, 64, generator=g)  # prefill rows: the dense copy's
-    assert torch.allclose(layer(x), F.linear(x, dense), rtol=1e-5, atol=1e-5)
