@@ -46,8 +46,10 @@ class Scripted(ChatModel):
         usage = Usage(prompt_tokens=10, cached_tokens=0, completion_tokens=3)
         if len(results) < len(script) and kwargs.get("tools"):
             verb, _, rest = script[len(results)].partition(" ")
-            if verb == "wait":
-                call = ToolCall("w", "wait_for_message", json.dumps({"sender": rest}))
+            if verb == "wait":  # "wait b" or "wait b 0.5" (seconds, under the plan's message timeout)
+                sender, _, seconds = rest.partition(" ")
+                args = {"sender": sender, **({"timeout_s": float(seconds)} if seconds else {})}
+                call = ToolCall("w", "wait_for_message", json.dumps(args))
             elif verb == "send":
                 to, _, text = rest.partition(": ")
                 call = ToolCall("s", "send_message", json.dumps({"to": to, "text": text}))
@@ -200,10 +202,13 @@ def test_another_projects_caller_cannot_see_or_resolve_a_deadlock(tmp_path, db_u
 def test_a_wait_times_out_and_its_agent_goes_on(tmp_path, db_url):
     model = Scripted()
     rt = make_runtime(tmp_path, db_url, model, {})
-    rt.put_agent(agent("patient", "wait slow"))
+    # a's wait is the shorter (0.5 s against the plan's 3 s for slow's), so it times out before slow can end
+    # whatever order the two tasks start in: with equal timeouts, slow's could fire first, end slow, and end a's
+    # wait as "target_ended" instead (a clean-clone CI run did so once)
+    rt.put_agent(agent("patient", "wait slow 0.5"))
     rt.put_agent(agent("slowpoke", "wait nobody"))
     rt.put_agent(agent("nobody"))
-    plan = PlanSpec(goal="g", message_timeout_s=0.5, tasks=[task("a", "patient"), task("slow", "slowpoke"),
+    plan = PlanSpec(goal="g", message_timeout_s=3.0, tasks=[task("a", "patient"), task("slow", "slowpoke"),
                                                             task("nobody", "nobody", depends_on=["a"])])
 
     async def body():
