@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ ALIGN = 64  # each storage's start in the arena: a cache line, what the kernels'
 class HugePageReport:
     placed_bytes: int = 0  # the model's dense storages in advised mappings (moved now, or by an earlier call)
     collapsed_pages: int = 0  # huge pages of opaque (oneDNN, MKL) weights collapsed in place
-    collapsing_pages: int = 0  # of those, how many a collapse was asked for (so far, when on a background thread)
+    collapsing_pages: int = 0  # how many pages of opaque weights a collapse was asked for
     huge_bytes: int = 0  # of those mappings, what the kernel backs with huge pages (AnonHugePages in smaps)
     reason: str = ""  # why nothing was done, when nothing was
 
@@ -87,15 +86,15 @@ def unavailable() -> str:
     return ""
 
 
-def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = None,
-                  background: bool = False) -> HugePageReport:
+def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = None) -> HugePageReport:
     """Move `model`'s CPU weights onto huge pages as the module docstring says (those not there already); what
     was done. Entries of `shared` (the state dict the model was built from) that view a storage the model uses are
     rebound to the copy too, so another engine built from it later adopts the placed tensor instead of copying it
     again; entries the model does not use (what it fused, packed or quantized) are left alone, to be freed with
-    the state dict. `background`: packed weights are collapsed on a thread of their own, which the report's
-    counts follow: each collapse compacts memory for its huge page, tens of milliseconds where memory is
-    fragmented (SmolLM2's MKL packs: 3 to 14 s in all at start, on the Xeon of engine/linear_kernel.py)."""
+    the state dict. Packed weights are collapsed before this returns: each collapse compacts memory for its huge
+    page, tens of milliseconds where memory is fragmented (SmolLM2's MKL packs: 3 to 14 s in all at start, on the
+    Xeon of engine/linear_kernel.py); on a thread of their own while the engine served, the first workload after
+    start ran at half speed."""
     reason = unavailable()
     if reason:
         return HugePageReport(reason=reason)
@@ -128,12 +127,9 @@ def place_weights(model: nn.Module, shared: dict[str, torch.Tensor] | None = Non
             report.placed_bytes += t.numel() * t.element_size()
     # counted before the collapse below advises the packed weights' pages, which may sit next to them
     report.huge_bytes = min(_anon_huge_bytes(arenas), report.placed_bytes)
-    packs, pages = _opaque_pages(model)
+    pages = _opaque_pages(model)
     report.collapsing_pages = len(pages)
-    if background and pages:
-        threading.Thread(target=_collapse, args=(packs, pages, report), name="huge-page-collapse", daemon=True).start()
-    else:
-        _collapse(packs, pages, report)
+    _collapse(pages, report)
     return report
 
 
@@ -194,32 +190,28 @@ def _relocate(groups: _Groups) -> int:
     return total
 
 
-def _opaque_pages(model: nn.Module) -> tuple[list[torch.Tensor], list[int]]:
-    """The model's packed (opaque) weights, and the huge pages they mostly fill, in address order."""
+def _opaque_pages(model: nn.Module) -> list[int]:
+    """The huge pages the model's packed (opaque) weights mostly fill, in address order."""
     page = huge_page_size()
-    packs: list[torch.Tensor] = []
     pages: set[int] = set()
     for module in model.modules():
         packed = getattr(module, "_packed", None)
         if isinstance(packed, torch.Tensor) and packed.is_mkldnn:
             start, n = torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed)
             if n >= page // 4:  # a smaller one is not worth a huge page of its own
-                packs.append(packed)
                 pages.update(range(start // page * page, start + n, page))
     # only pages mostly filled already: a collapse fills what it covers, and MKL's buffer is ~3x what it packs into
     # it. Measured on SmolLM2 (Xeon, capped at AVX2): every touched page collapsed, single-stream decode took 33.0
     # ms a step for +138 MB; half-filled ones, 33.9 for +42 MB; only full ones, 36.5
-    return packs, [address for address in sorted(pages) if _mostly_resident(address, page)]
+    return [address for address in sorted(pages) if _mostly_resident(address, page)]
 
 
-def _collapse(packs: list[torch.Tensor], pages: list[int], report: HugePageReport) -> None:
-    """Collapse each huge page in place (`packs` holds the weights alive meanwhile: a page freed and reused
-    would be someone else's)."""
+def _collapse(pages: list[int], report: HugePageReport) -> None:
+    """Collapse each huge page in place (the caller's model holds the weights in them alive meanwhile)."""
     page = huge_page_size()
     for address in pages:
         _madvise(address, page, MADV_HUGEPAGE)  # khugepaged may still do the pages a collapse leaves
         report.collapsed_pages += _madvise(address, page, MADV_COLLAPSE) == 0
-    del packs
 
 
 def _mostly_resident(address: int, length: int) -> bool:

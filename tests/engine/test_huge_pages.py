@@ -3,7 +3,6 @@ strides and ties intact, the model's logits are bit for bit the same (dense, int
 where huge pages cannot be asked for nothing moves. Whether the kernel then backs the mapping with 2 MiB pages is
 the host's business (its THP setting): the tests check what the code controls."""
 
-import threading
 
 import pytest
 import torch
@@ -174,10 +173,7 @@ def test_mkl_packs_are_collapsed_only_where_filled():
     pack_linears(model, kernel="mkl")
     x = torch.randn(5, 1024, generator=g)
     before = model(x)
-    report = place_weights(model, background=True)  # as the engine asks: the collapse on a thread of its own
-    collapser = next((t for t in threading.enumerate() if t.name == "huge-page-collapse"), None)
-    if collapser is not None:
-        collapser.join(timeout=60)
+    report = place_weights(model)
     assert torch.equal(model(x), before)
     filled = 2048 * 1024 * 4  # 8 MiB packed into a buffer of ~24
     assert torch.ops.mkldnn._nbytes(model[0]._packed) > 2 * filled
