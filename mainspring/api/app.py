@@ -40,7 +40,7 @@ def _build_engines(settings: Settings):
         return standard, None
     from mainspring.engine.fast_variant import build_fast_engine
 
-    return standard, build_fast_engine(settings, loaded)
+    return standard, build_fast_engine(settings, loaded, standard)
 
 
 def create_app(settings: Settings | None = None, engine=None, agent_models=None, agent_tools=None,

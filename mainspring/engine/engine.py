@@ -55,7 +55,10 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
+                 share_prefill_with: LLMEngine | None = None) -> None:
+        """`share_prefill_with`: an engine built from the same `loaded` whose dense linears run this one's int4
+        layers' prefill rows where they hold the same weight (engine/shared_prefill.py; the -fast engine's)."""
         self.config = config or EngineConfig()
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
@@ -72,9 +75,11 @@ class LLMEngine:
         if on_cuda:
             self.model.to(self.placement.device)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
+        shared = dict(share_prefill_with.model.named_modules()) \
+            if share_prefill_with is not None and share_prefill_with.placement.device == self.placement.device else None
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
-                                                dense_prefill=self.config.quant_dense_prefill)
+                                                dense_prefill=self.config.quant_dense_prefill, shared=shared)
         # the linears left in the model's dtype run on the fastest kernel of this CPU (oneDNN or MKL prepacked, or
         # torch's): fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype

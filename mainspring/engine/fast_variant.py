@@ -67,9 +67,14 @@ def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:
                          verify_rows=(spec.k + 1) if spec is not None else 1)
 
 
-def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None) -> LLMEngine:
+def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None,
+                      standard: LLMEngine | None = None) -> LLMEngine:
     """The `-fast` engine. Pass the plain engine's `LoadedModel` to share its tokenizer and fp32
-    tensors (embeddings, norms); int4 weights come from the disk cache after the first start."""
+    tensors (embeddings, norms), and the plain engine built from it to run prefill on its linears where they hold
+    the int4 layers' weights exactly (engine/shared_prefill.py); int4 weights come from the disk cache after the
+    first start."""
+    if standard is not None and loaded is None:
+        raise ValueError("a standard engine to share prefill with needs the LoadedModel it was built from")
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
     placement = resolve_placement(s.device, s.dtype)
@@ -81,7 +86,7 @@ def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | No
     else:
         choice = fast_kernel(s, loaded)
         config = fast_engine_config(s, choice.quantization)
-    engine = LLMEngine(loaded, config)
+    engine = LLMEngine(loaded, config, share_prefill_with=standard)
     engine.name = loaded.name + FAST_SUFFIX
     engine.kernel_choice = choice
     ms = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.ms_per_step.items())

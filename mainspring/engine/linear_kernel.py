@@ -88,6 +88,7 @@ class PackedLinear(nn.Module):
         # MKL's op reads the weight's shape from a dense tensor: one of that shape that takes no memory
         self._shape = torch.empty((), dtype=dtype).expand(self.out_features, self.in_features)
         self._packed = _pack(weight, dtype, kernel)
+        self.version = 0  # counts repacks: what shares this linear can tell its weights changed (shared_prefill.py)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -103,6 +104,7 @@ class PackedLinear(nn.Module):
             raise ValueError(f"weight of shape {tuple(weight.shape)} for a {self.out_features}x{self.in_features} "
                              "linear")
         self._packed = _pack(weight, self.dtype, self.kernel)
+        self.version += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "mkl":  # rows: the op runs the packed GEMM only when told the rows it gets

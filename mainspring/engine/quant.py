@@ -20,7 +20,8 @@ on bf16 activations, 134.8 on fp32 ones, 29.8 for fp32 weights), hence `default_
 ~16 rows on (prefill) the kernel loses to a dense GEMM, so a layer may keep a dense copy of the same
 dequantized weight for calls above `KERNEL_MAX_ROWS` rows: bf16 where bf16 is native (oneDNN/AMX, 2-5x
 faster than fp32), fp32 elsewhere (the -fast engine asks for it: its prefill then costs what the
-standard engine's does). The kernel computes each row on its own (bit-identical whatever the other rows); the dense
+standard engine's does), or, in place of a copy, another engine's linear that holds exactly that weight
+(engine/shared_prefill.py). The kernel computes each row on its own (bit-identical whatever the other rows); the dense
 GEMM does not, and bf16 activations turn the last-bit differences that batching already causes in
 attention into bf16-ulp ones, so unlike fp32, int4 greedy text can change with what shares a step.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -37,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mainspring.engine.linear_kernel import PackedLinear, choose
+from mainspring.engine.shared_prefill import SharedLinear, share_linear
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +213,8 @@ class Int4Linear(nn.Module):
     dense_weight: torch.Tensor | None
 
     def __init__(self, q: Int4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None,
-                 dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS) -> None:
+                 dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS,
+                 shared: SharedLinear | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = q.group_size
@@ -224,7 +228,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16()
-        dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill else None
+        # another engine's linear over the same weight runs the prefill rows (shared_prefill.py): no copy of its own
+        self.shared = shared
+        dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill and shared is None else None
         # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
         # prefill sizes, engine/linear_kernel.py); MKL's own packing gains only at a few rows, which prefill never is
         self.dense_packed: PackedLinear | None = None
@@ -236,6 +242,9 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        shared = self.shared.get() if self.shared is not None and x2.shape[0] > self.kernel_max_rows else None
+        if shared is not None:  # its own bias included
+            return shared(x2.to(dense_prefill_dtype())).to(x.dtype).reshape(*lead, self.out_features)
         if self.dense_packed is not None and x2.shape[0] > self.kernel_max_rows:
             y = self.dense_packed(x2.float())
         elif self.dense_weight is not None and x2.shape[0] > self.kernel_max_rows:
@@ -253,7 +262,8 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"passes={self.passes}, compute_dtype={self.compute_dtype}, "
-                f"dense_prefill={self.dense_weight is not None or self.dense_packed is not None}")
+                f"dense_prefill={self.dense_weight is not None or self.dense_packed is not None}, "
+                f"shared_prefill={self.shared is not None}")
 
 
 @dataclass
@@ -264,6 +274,7 @@ class QuantReport:
     quantized: list[str] = field(default_factory=list)
     kept_fp32: dict[str, str] = field(default_factory=dict)  # module name -> reason
     num_quantized_now: int = 0  # weights quantized by this call (the rest came from `weights`)
+    shared_prefill: list[str] = field(default_factory=list)  # layers whose prefill runs another engine's linear
     from_cache: bool = False
     cache_file: str | None = None
     seconds: float = 0.0
@@ -282,9 +293,11 @@ def quantizable_linears(model: nn.Module, include_lm_head: bool = True) -> dict[
 def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
                    two_pass: tuple[str, ...] = DEFAULT_TWO_PASS, weights: dict[str, Int4Weight] | None = None,
                    compute_dtype: torch.dtype | None = None,
-                   dense_prefill: bool | None = None) -> tuple[QuantReport, dict[str, Int4Weight]]:
+                   dense_prefill: bool | None = None, shared: Mapping[str, nn.Module] | None = None,
+                   ) -> tuple[QuantReport, dict[str, Int4Weight]]:
     """Replace the model's linears by `Int4Linear`s, in place; those named in `two_pass` get two
-    int4 passes (~8-bit, see `Int4Weight`).
+    int4 passes (~8-bit, see `Int4Weight`). A layer that would keep a dense copy for prefill runs another
+    engine's linear of the same name from `shared` instead where that computes the same weight (shared_prefill.py).
 
     `weights` are already-quantized forms by module name (from the disk cache); missing ones are
     quantized here. Linears whose shape the kernel cannot take stay fp32, with the reason logged
@@ -308,8 +321,14 @@ def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, inclu
             q = quantize_int4(linear.weight, group_size, passes)
             report.num_quantized_now += 1
         forms[name] = q
+        keeps_copy = native_bf16() if dense_prefill is None else dense_prefill
+        share = share_linear(shared, name, linear.weight, _dequantize_sliced(q, torch.float32), linear.bias,
+                             dense_prefill_dtype()) if shared and keeps_copy else None
+        if share is not None:
+            report.shared_prefill.append(name)
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf, Int4Linear(q, linear.bias, compute_dtype, dense_prefill))
+        setattr(model.get_submodule(parent), leaf, Int4Linear(q, linear.bias, compute_dtype, dense_prefill,
+                                                              shared=share))
         report.quantized.append(name)
     _log_kept(report.kept_fp32)
     report.seconds = time.perf_counter() - start

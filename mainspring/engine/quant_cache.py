@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -103,7 +104,8 @@ def load_int4_weights(path: Path, group_size: int) -> dict[str, Int4Weight] | No
 def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Path | None,
                         group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
                         two_pass: tuple[str, ...] = DEFAULT_TWO_PASS,
-                        compute_dtype: torch.dtype | None = None, dense_prefill: bool | None = None) -> QuantReport:
+                        compute_dtype: torch.dtype | None = None, dense_prefill: bool | None = None,
+                        shared: Mapping[str, nn.Module] | None = None) -> QuantReport:
     """`quantize_model`, taking the int4 forms from the disk cache when there is one and writing
     it when there was not. `source_dir` None (weights not from a folder) means no caching."""
     start = time.perf_counter()
@@ -113,7 +115,7 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
         path = quant_cache_file(cache_dir, source_dir, group_size, include_lm_head, two_pass)
         cached = load_int4_weights(path, group_size)
     report, forms = quantize_model(model, group_size, include_lm_head, two_pass, weights=cached,
-                                   compute_dtype=compute_dtype, dense_prefill=dense_prefill)
+                                   compute_dtype=compute_dtype, dense_prefill=dense_prefill, shared=shared)
     report.cache_file = str(path) if path else None
     report.from_cache = cached is not None and report.num_quantized_now == 0
     if path is not None and report.num_quantized_now:
@@ -122,17 +124,19 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
         except OSError as e:  # a read-only or full cache costs the next start a re-quantization, no more
             log.warning("int4 cache %s could not be written (%s); the next start quantizes again", path, e)
     report.seconds = time.perf_counter() - start
-    log.info("int4 g%d: %d linears quantized (%s), %d kept fp32, %.2f s", group_size, len(report.quantized),
-             "from cache" if report.from_cache else "computed", len(report.kept_fp32), report.seconds)
+    log.info("int4 g%d: %d linears quantized (%s), %d kept fp32, %d run prefill on the standard engine's linears, "
+             "%.2f s", group_size, len(report.quantized), "from cache" if report.from_cache else "computed",
+             len(report.kept_fp32), len(report.shared_prefill), report.seconds)
     return report
 
 
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
                         group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None,
-                        dense_prefill: bool | None = None) -> QuantReport | None:
+                        dense_prefill: bool | None = None,
+                        shared: Mapping[str, nn.Module] | None = None) -> QuantReport | None:
     """What `EngineConfig.quantization` asks for: None leaves the model fp32; an int4 method
-    quantizes it (cached under `cache_dir`, default get_settings().cache_dir; `dense_prefill`: see
-    quant.Int4Linear); "int8" and "bf16" need no cache."""
+    quantizes it (cached under `cache_dir`, default get_settings().cache_dir; `dense_prefill` and `shared`: see
+    quant.Int4Linear and quant.quantize_model); "int8" and "bf16" need no cache."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:
@@ -158,4 +162,4 @@ def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str |
 
         cache_dir = get_settings().cache_dir
     return quantize_with_cache(model, source_dir, cache_dir, group_size, compute_dtype=_INT4_COMPUTE[method],
-                               dense_prefill=dense_prefill)
+                               dense_prefill=dense_prefill, shared=shared)

@@ -379,11 +379,19 @@ def test_fast_engine(embedded, fp32_activations):
     from mainspring.engine.fast_variant import build_fast_engine
     from mainspring.engine.params import SamplingParams
 
-    engine = build_fast_engine(Settings(kv_cache_mb=64, fast_kernel="int4-fp32"), loaded=embedded)
+    from mainspring.engine.engine import LLMEngine
+
+    standard = LLMEngine(embedded, EngineConfig(kv_cache_mb=16))
+    engine = build_fast_engine(Settings(kv_cache_mb=64, fast_kernel="int4-fp32"), loaded=embedded, standard=standard)
     assert engine.name == embedded.name + "-fast"
     assert engine.config.quantization == "int4-fp32" and engine.config.speculative
     assert engine.kernel_choice.reason == "pinned by MAINSPRING_FAST_KERNEL"
     assert isinstance(engine.model.lm_head, Int4Linear) and len(engine.quant_report.quantized) == 121
+    # the layers are Q4_1 in the GGUF, exact in int4 g32: prefill runs the standard engine's linears, no fp32 copies
+    # (the LM head's embedding is Q8_0, two int4 passes: it keeps its own)
+    shared = engine.quant_report.shared_prefill
+    assert len(shared) == 120 and "lm_head" not in shared
+    assert all(engine.model.get_submodule(n).shared.module is standard.model.get_submodule(n) for n in shared)
     assert engine.tokenizer is embedded.tokenizer
     out = engine.generate([chat_ids(engine, "What is the capital of France?")],
                           SamplingParams(temperature=0.0, max_tokens=24))[0]
