@@ -49,7 +49,8 @@ class Settings(BaseSettings):
                               "'int4-fp32', 'int8' or 'bf16'")
     linear_kernel: Literal["auto", "torch", "onednn", "mkl"] = Field(
         "auto", description="kernel of the fp32 linears: 'auto' (torch's, or oneDNN's or MKL's with prepacked "
-        "weights: whichever is fastest on this CPU at 1 and 16 rows, timed at start), 'torch', 'onednn' or 'mkl'")
+        "weights: whichever is fastest on this CPU at 1 and 16 rows, timed at the first start and cached under "
+        "the cache dir's kernels/), 'torch', 'onednn' or 'mkl'")
     huge_pages: bool = Field(True, description="on Linux, move the CPU engines' weights onto transparent huge "
                              "pages (2 MiB) at start: a decode step streams every weight, and 4 KiB pages slow "
                              "the stream (engine/huge_pages.py)")

@@ -23,7 +23,8 @@ from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
 from mainspring.engine.kv_policy import KVPolicy, request_policy
 from mainspring.engine.loader import LoadedModel, load_model
-from mainspring.engine.linear_kernel import choose, pack_linears, pack_weights_into, plain_linears
+from mainspring.engine.kernel_choice import choose_linear_kernel
+from mainspring.engine.linear_kernel import pack_linears, pack_weights_into, plain_linears
 from mainspring.engine.model import CausalLM
 from mainspring.engine.decode_graphs import GraphMode
 from mainspring.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -84,7 +85,8 @@ class LLMEngine:
         # torch's): fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype
         shapes = [(m.out_features, m.in_features) for m in plain_linears(self.model, dtype).values()]
-        self.linear_kernel = "torch" if on_cuda else choose(self.config.linear_kernel, shapes, dtype)
+        self.linear_kernel = "torch" if on_cuda else choose_linear_kernel(self.config.linear_kernel, shapes, dtype,
+                                                                          get_settings().cache_dir)
         if self.linear_kernel != "torch":
             pack_linears(self.model, dtype, self.linear_kernel)
         # after packing, the weights this engine made (fused, quantized): where a decode step will stream them

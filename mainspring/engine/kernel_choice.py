@@ -14,6 +14,12 @@ fast variant then serves the standard weights with speculative decoding, and say
 
 The choice is stored as JSON under <cache dir>/kernels, keyed by the model, the CPU's feature key
 and torch's version, so later starts skip the measurement; the log line and /health carry it.
+
+The standard engine's fp32 linear kernel ("auto" in engine/linear_kernel.py) is cached there too
+(`choose_linear_kernel`), keyed by the CPU's feature key, torch's version, the thread count, the dtype and the
+shape timed: where two kernels come out close, a fresh measurement at each start could take either (the Xeon
+capped at AVX2 flipped between torch's and MKL's from one start to the next), and a server's speed should not
+depend on which start it had.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mainspring.engine.cpu import CpuFeatures, detect
-from mainspring.engine.linear_kernel import PackedLinear, bf16_packing_available, choose, seconds_per_call
+from mainspring.engine.linear_kernel import (
+    LINEAR_KERNELS, PACKED_KERNELS, PackedLinear, bf16_packing_available, choose, packs, seconds_per_call,
+    widest_shape,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,7 @@ FP32 = "fp32"
 # 2: bf16, fp32 on the engine's kernel; 3: streamed timing; 4: int4-bf16 offered on every CPU (a choice cached
 # before it, fp32 on AVX2-only CPUs, is measured again)
 CHOICE_FORMAT = "mainspring-kernel-choice/4"
+LINEAR_CHOICE_FORMAT = "mainspring-linear-kernel/1"
 BUDGET_S = 0.02  # timing per (candidate, shape, rows); at least one call after a warm-up
 # distinct weight copies per shape, up to this many fp32 bytes: a decode step streams every layer's
 # weights from memory, while one matrix timed over and over sits in cache and hides what the
@@ -203,11 +213,46 @@ def load_choice(path: Path) -> KernelChoice | None:
 
 
 def save_choice(path: Path, choice: KernelChoice) -> None:
+    _write_json(path, {"format": CHOICE_FORMAT, **choice.to_dict(), "from_cache": False})
+
+
+def _write_json(path: Path, doc: dict[str, object]) -> None:
+    """Whole or not at all: a start that reads the file while another writes it sees the old one or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
     with os.fdopen(fd, "w") as f:
-        json.dump({"format": CHOICE_FORMAT, **choice.to_dict(), "from_cache": False}, f, indent=2)
+        json.dump(doc, f, indent=2)
     os.replace(tmp, path)
+
+
+def linear_kernel_file(cache_dir: Path, shape: tuple[int, int], dtype: torch.dtype, kernels: tuple[str, ...],
+                       features: CpuFeatures) -> Path:
+    dtype_name = str(dtype).removeprefix("torch.")
+    return Path(cache_dir) / "kernels" / (f"linear-{features.key}-torch{torch.__version__}-t{torch.get_num_threads()}"
+                                          f"-{dtype_name}-{shape[0]}x{shape[1]}-{'+'.join(kernels)}.json")
+
+
+def choose_linear_kernel(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torch.float32,
+                         cache_dir: Path | None = None, kernels: tuple[str, ...] = PACKED_KERNELS) -> str:
+    """`linear_kernel.choose`, with what "auto" measured kept under `cache_dir` (see the module docstring) and
+    taken from there at later starts; a cached kernel this build no longer packs is measured again."""
+    if kernel != "auto" or not shapes or cache_dir is None or kernel not in LINEAR_KERNELS:
+        return choose(kernel, shapes, dtype, kernels)
+    path = linear_kernel_file(cache_dir, widest_shape(shapes), dtype, kernels, detect())
+    try:
+        doc = json.loads(path.read_text())
+        cached = doc["kernel"] if doc.get("format") == LINEAR_CHOICE_FORMAT else None
+    except (OSError, ValueError, TypeError, KeyError):
+        cached = None
+    if cached == "torch" or (cached in kernels and packs(cached, dtype)):
+        log.info("linear kernel %s (measured at an earlier start: %s)", cached, path)
+        return cached
+    chosen = choose(kernel, shapes, dtype, kernels)
+    try:
+        _write_json(path, {"format": LINEAR_CHOICE_FORMAT, "kernel": chosen})
+    except OSError as e:  # a read-only cache: the next start measures again
+        log.warning("linear kernel choice %s could not be written (%s)", path, e)
+    return chosen
 
 
 def choose_kernel(loaded, cache_dir: Path | None, *, threads: int, verify_rows: int,

@@ -242,8 +242,12 @@ def choose(kernel: str, shapes: list[tuple[int, int]], dtype: torch.dtype = torc
         return kernel
     if not any(packs(k, dtype) for k in kernels):
         return "torch"
-    widest = max(shapes, key=lambda s: s[0] * s[1] if s[0] < 32768 else 0)  # the LM head streams, skip it
-    return pick(measure(*widest, dtype=dtype, kernels=kernels))
+    return pick(measure(*widest_shape(shapes), dtype=dtype, kernels=kernels))
+
+
+def widest_shape(shapes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The (out, in) shape "auto" times: the largest but an LM head's (its rows stream past any cache anyway)."""
+    return max(shapes, key=lambda s: s[0] * s[1] if s[0] < 32768 else 0)
 
 
 def plain_linears(model: nn.Module, *dtypes: torch.dtype) -> dict[str, nn.Linear]:

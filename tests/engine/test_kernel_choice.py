@@ -183,3 +183,30 @@ def test_features_of_this_machine_are_consistent():
 
     f = detect()
     assert isinstance(f, CpuFeatures) and f.key and f.summary().startswith(f.arch)
+
+
+def test_the_linear_kernel_measured_at_first_start_is_taken_at_later_ones(tmp_path, monkeypatch):
+    measured = []
+
+    def fake_choose(kernel, shapes, dtype=torch.float32, kernels=()):
+        measured.append(kernel)
+        return "torch" if kernel == "auto" else kernel
+
+    monkeypatch.setattr(kc, "choose", fake_choose)
+    monkeypatch.setattr(kc, "detect", lambda: parse_cpuinfo(EPYC, "x86_64", "AVX2"))
+    shapes = [(1536, 576), (576, 576), (49152, 576)]
+    assert kc.choose_linear_kernel("auto", shapes, cache_dir=tmp_path) == "torch" and len(measured) == 1
+    [cached] = (tmp_path / "kernels").glob("linear-*.json")
+    assert "1536x576" in cached.name  # the shape timed: the widest but the LM head's
+    assert kc.choose_linear_kernel("auto", shapes, cache_dir=tmp_path) == "torch" and len(measured) == 1
+    kc.choose_linear_kernel("auto", [(2048, 576)], cache_dir=tmp_path)  # another model's shapes: measured
+    monkeypatch.setattr(kc, "detect", lambda: parse_cpuinfo(SAPPHIRE, "x86_64", "AVX512"))
+    kc.choose_linear_kernel("auto", shapes, cache_dir=tmp_path)  # another CPU: measured
+    assert len(measured) == 3
+    monkeypatch.setattr(kc, "detect", lambda: parse_cpuinfo(EPYC, "x86_64", "AVX2"))
+    cached.write_text('{"format": "%s", "kernel": "no-such-kernel"}' % kc.LINEAR_CHOICE_FORMAT)
+    assert kc.choose_linear_kernel("auto", shapes, cache_dir=tmp_path) == "torch" and len(measured) == 4
+    cached.write_text("{not json")
+    assert kc.choose_linear_kernel("auto", shapes, cache_dir=tmp_path) == "torch" and len(measured) == 5
+    assert kc.choose_linear_kernel("torch", shapes, cache_dir=tmp_path) == "torch"  # pinned: never cached
+    assert kc.choose_linear_kernel("auto", shapes) == "torch" and len(measured) == 7  # no cache dir: measured
