@@ -58,6 +58,12 @@ def test_up_serves_health_then_down(embedded, tmp_path):
         assert health["status"] == "ok" and health["model"] == "SmolLM2-135M-Instruct"
         fast = health["fast_variant"]  # the weights the -fast engine measured best on this CPU
         assert fast["model"] == "SmolLM2-135M-Instruct-fast" and fast["weights"] in fast["ms_per_step"]
+        # int4 layers keep fp32 prefill copies unless bf16 is native: those run the standard engine's linears instead,
+        # all 120 (the GGUF's Q4_1 layers are exact in int4 g32)
+        from mainspring.engine.quant import native_bf16
+
+        shares = fast["weights"].startswith("int4") and not native_bf16()
+        assert fast["prefill_shared_layers"] == (120 if shares else 0)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
         card = next(m for m in models["data"] if m["id"] == "SmolLM2-135M-Instruct-fast")

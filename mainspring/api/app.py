@@ -132,7 +132,9 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
         if fast is not None and choice is not None:  # which weights the -fast variant runs on this CPU, and why
             out["fast_variant"] = {"model": fast.name, "weights": choice.name, "reason": choice.reason,
                                    "ms_per_step": choice.ms_per_step, "accuracy": choice.accuracy,
-                                   "cpu": choice.cpu, "from_cache": choice.from_cache}
+                                   "cpu": choice.cpu, "from_cache": choice.from_cache,
+                                   # int4 layers whose prefill runs the standard engine's linears (shared_prefill.py)
+                                   "prefill_shared_layers": len(getattr(fast.quant_report, "shared_prefill", []))}
         return out
 
     return app
