@@ -40,7 +40,7 @@ from torch import nn
 
 from mainspring.engine.cpu import CpuFeatures, detect
 from mainspring.engine.linear_kernel import (
-    LINEAR_KERNELS, PACKED_KERNELS, PackedLinear, bf16_packing_available, choose, packs, seconds_per_call,
+    PACKED_KERNELS, PackedLinear, bf16_packing_available, choose, packs, seconds_per_call,
     widest_shape,
 )
 
@@ -236,7 +236,7 @@ def choose_linear_kernel(kernel: str, shapes: list[tuple[int, int]], dtype: torc
                          cache_dir: Path | None = None, kernels: tuple[str, ...] = PACKED_KERNELS) -> str:
     """`linear_kernel.choose`, with what "auto" measured kept under `cache_dir` (see the module docstring) and
     taken from there at later starts; a cached kernel this build no longer packs is measured again."""
-    if kernel != "auto" or not shapes or cache_dir is None or kernel not in LINEAR_KERNELS:
+    if kernel != "auto" or not shapes or cache_dir is None:
         return choose(kernel, shapes, dtype, kernels)
     path = linear_kernel_file(cache_dir, widest_shape(shapes), dtype, kernels, detect())
     try:

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -322,7 +322,7 @@ def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, inclu
             report.num_quantized_now += 1
         forms[name] = q
         keeps_copy = native_bf16() if dense_prefill is None else dense_prefill
-        share = share_linear(shared, name, linear.weight, _dequantize_sliced(q, torch.float32), linear.bias,
+        share = share_linear(shared, name, linear.weight, partial(_dequantize_sliced, q, torch.float32), linear.bias,
                              dense_prefill_dtype()) if shared and keeps_copy else None
         if share is not None:
             report.shared_prefill.append(name)

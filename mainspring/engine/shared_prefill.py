@@ -16,7 +16,7 @@ which still computes the -fast engine's weights.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -70,15 +70,18 @@ class SharedLinear:
         return self.module
 
 
-def share_linear(shared: Mapping[str, nn.Module] | None, name: str, weight: torch.Tensor, quantized: torch.Tensor,
-                 bias: torch.Tensor | None, dtype: torch.dtype) -> SharedLinear | None:
-    """`shared[name]` for an int4 layer whose fp32 `weight` quantized to `quantized` (its dequantized form) and would
-    keep a dense copy in `dtype`: when the int4 form is exactly the weight and that linear computes the same layer
-    (same shape and dtype, same answer on a probe within the dtype's rounding), else None."""
+def share_linear(shared: Mapping[str, nn.Module] | None, name: str, weight: torch.Tensor,
+                 dequantized: Callable[[], torch.Tensor], bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> SharedLinear | None:
+    """`shared[name]` for an int4 layer over the fp32 `weight` that would keep a dense copy in `dtype`: when the int4
+    form (`dequantized()`, called only once the cheap checks pass) is exactly the weight and that linear computes the
+    same layer (same shape and dtype, same answer on a probe within the dtype's rounding), else None."""
     module = (shared or {}).get(name)
-    if module is None or linear_dtype(module) != dtype or not torch.equal(quantized, weight):
+    if module is None or linear_dtype(module) != dtype:
         return None
     if (module.out_features, module.in_features) != tuple(weight.shape) or (module.bias is None) != (bias is None):
+        return None
+    if not torch.equal(dequantized(), weight):
         return None
     version = weights_version(module)
     if version is None:

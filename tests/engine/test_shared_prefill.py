@@ -52,7 +52,7 @@ def test_prefill_rows_run_the_shared_linear_and_decode_rows_the_int4_kernel(kind
     w, b = on_grid(), torch.randn(64)
     other = dense(w, kind, b)
     q = quantize_int4(w, 32)
-    share = share_linear({"layer": other}, "layer", w, dequantize_int4(q), b, torch.float32)
+    share = share_linear({"layer": other}, "layer", w, lambda: dequantize_int4(q), b, torch.float32)
     assert share is not None
     lin = Int4Linear(q, b, dense_prefill=True, shared=share)
     assert lin.dense_weight is None and lin.dense_packed is None  # no copy of its own
@@ -65,11 +65,11 @@ def test_prefill_rows_run_the_shared_linear_and_decode_rows_the_int4_kernel(kind
 def test_only_an_exact_same_weight_is_shared():
     w = on_grid()
     q = quantize_int4(w, 32)
-    dq = dequantize_int4(q)
+    dq = lambda: dequantize_int4(q)  # noqa: E731
     assert share_linear({"layer": dense(w + 1e-3, "torch")}, "layer", w, dq, None, torch.float32) is None  # probe
     off_grid = torch.randn(64, 128)  # its int4 form is not the weight: the int4 layer computes another one
     assert share_linear({"layer": dense(off_grid, "torch")}, "layer", off_grid,
-                        dequantize_int4(quantize_int4(off_grid, 32)), None, torch.float32) is None
+                        lambda: dequantize_int4(quantize_int4(off_grid, 32)), None, torch.float32) is None
     assert share_linear({"layer": dense(w, "torch")}, "layer", w, dq, None, torch.bfloat16) is None  # dtype
     assert share_linear({"layer": dense(w, "torch", torch.ones(64))}, "layer", w, dq, None, torch.float32) is None
     assert share_linear({"other": dense(w, "torch")}, "layer", w, dq, None, torch.float32) is None  # name
@@ -81,7 +81,7 @@ def test_written_shared_weights_send_prefill_back_to_the_int4_kernel(kind, caplo
     w = on_grid()
     other = dense(w, kind)
     q = quantize_int4(w, 32)
-    lin = Int4Linear(q, dense_prefill=True, shared=share_linear({"l": other}, "l", w, dequantize_int4(q), None,
+    lin = Int4Linear(q, dense_prefill=True, shared=share_linear({"l": other}, "l", w, lambda: dequantize_int4(q), None,
                                                                 torch.float32))
     x = torch.randn(PREFILL_ROWS, 128)
     assert torch.equal(lin(x), other(x))
