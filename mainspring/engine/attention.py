@@ -151,11 +151,13 @@ def paged_attention(
     kv: tuple,  # (k_cache, v_cache) [num_slots, KVH, D], + this layer's cold-store loader when tiered
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,  # k and v are in the cache at meta.slot_mapping already (native_ops.rope_write_kv)
 ) -> torch.Tensor:
     k_cache, v_cache = kv[0], kv[1]
     cold: ColdLoader | None = kv[2] if len(kv) > 2 else None
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    if not kv_written:
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
     if meta.static is not None:
         return _static_decode_attention(q, k_cache, v_cache, meta.static, scale)
     out = torch.empty_like(q)

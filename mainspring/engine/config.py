@@ -86,6 +86,8 @@ class EngineConfig:
     # decode-only steps as CUDA graphs (engine/decode_graphs.py): "auto" captures them on CUDA and runs the CPU
     # eagerly; "off"; "capture"; "static" runs the graphs' fixed shapes eagerly (how they are tested on the CPU)
     decode_graphs: Literal["auto", "off", "capture", "static"] = "auto"
+    # fused fp32 kernels for the small ops of few-row CPU steps, compiled once (engine/native_ops.py)
+    native_kernels: bool = True
 
     @classmethod
     def from_settings(cls, s: Settings) -> EngineConfig:
@@ -101,7 +103,7 @@ class EngineConfig:
             device=s.device, dtype=s.dtype,
             speculative=SpeculativeConfig.parse(s.speculative),
             quantization=parse_quantization(s.quantization), linear_kernel=s.linear_kernel,
-            huge_pages=s.huge_pages,
+            huge_pages=s.huge_pages, native_kernels=s.native_kernels,
             kv_policy=KVPolicyConfig.parse(s.kv_policy),
             kv_disk_cache_mb=s.kv_disk_cache_mb, decode_graphs="auto" if s.cuda_graphs else "off",
             # these settings' data dir, not the environment's (create_app may be given its own)

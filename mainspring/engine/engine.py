@@ -18,6 +18,7 @@ from mainspring.engine.config import EngineConfig, ModelConfig
 from mainspring.engine.detokenizer import IncrementalDetokenizer
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.grammar import GrammarCompiler, GrammarMatcher
+from mainspring.engine import native_ops
 from mainspring.engine.huge_pages import HugePageReport, place_weights
 from mainspring.engine.kv_cache import BlockManager
 from mainspring.engine.kv_offload import DiskKVCache, DiskKVTier, model_fingerprint
@@ -99,6 +100,14 @@ class LLMEngine:
             self.huge_pages = place_weights(self.model, loaded.state_dict)
         else:
             self.huge_pages = HugePageReport(reason="MAINSPRING_HUGE_PAGES off")
+        # the small ops of decode steps on compiled kernels where this CPU and a C compiler allow (native_ops.py)
+        if on_cuda:
+            self.fused_ops, self.fused_ops_status = None, "off: weights on the GPU"
+        elif not self.config.native_kernels:
+            self.fused_ops, self.fused_ops_status = None, "off: MAINSPRING_NATIVE_KERNELS off"
+        else:
+            self.fused_ops, self.fused_ops_status = native_ops.load(get_settings().cache_dir)
+        native_ops.attach(self.model, self.fused_ops)
         self.kernel_choice: KernelChoice | None = None  # how the -fast variant chose its weights (fast_variant.py)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
@@ -121,9 +130,10 @@ class LLMEngine:
         if self.config.speculative:
             self.spec = SpeculativeDecoder(self.config.speculative, self.sampler, self.model, self.runner.kv_cache, bs)
             self.scheduler.num_lookahead_tokens = self.spec.k
-        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, linears on %s, %s",
-                 self.name, self.placement.device, self.placement.dtype_name, num_blocks, bs, num_blocks * bs,
-                 self.max_model_len, self.linear_kernel, self.huge_pages.describe())
+        log.info("engine ready: %s on %s in %s, %d KV blocks of %d tokens (%d tokens), context %d, linears on %s, "
+                 "fused kernels %s, %s", self.name, self.placement.device, self.placement.dtype_name, num_blocks, bs,
+                 num_blocks * bs, self.max_model_len, self.linear_kernel, self.fused_ops_status,
+                 self.huge_pages.describe())
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._grammar: GrammarCompiler | None = None  # built on the first guided request (~1 s)
@@ -436,7 +446,8 @@ class LLMEngine:
     def stats(self) -> dict:
         out = {"waiting": self.scheduler.num_waiting, "running": self.scheduler.num_running,
                "kv_blocks": self.block_manager.num_blocks, "kv_free_blocks": self.block_manager.num_free_blocks,
-               "linear_kernel": self.linear_kernel, "device": str(self.placement.device),
+               "linear_kernel": self.linear_kernel, "fused_kernels": self.fused_ops_status,
+               "device": str(self.placement.device),
                "weights_huge_page_mb": self.huge_pages.huge_bytes >> 20,
                "dtype": self.placement.dtype_name}
         if self.spec is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -12,17 +12,32 @@ from torch import nn
 
 from mainspring.engine.errors import UnsupportedModelError
 
+if TYPE_CHECKING:
+    from mainspring.engine.native_ops import FusedOps
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused: FusedOps | None = None  # the engine's compiled kernels for few-row steps (engine/native_ops.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x * rsqrt(mean(x^2) + eps) * weight, as one call: a decode step runs 61 of these on one row each,
         # where dispatching each small op costs more than its arithmetic
+        if self.fused is not None and self.fused.fits(x, self.weight):
+            return self.fused.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, this norm of it): a layer's residual add and the norm after it, in one kernel where the
+        engine has fused ones. Forward hooks on this module do not see this call."""
+        if self.fused is not None and self.fused.fits(x, self.weight) and self.fused.fits(residual) \
+                and residual.shape == x.shape:
+            return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
+        total = x + residual
+        return total, self(total)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

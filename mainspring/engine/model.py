@@ -6,6 +6,8 @@ fused into single matmuls so a decode step is a handful of GEMMs per layer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +16,9 @@ from mainspring.engine.attention import AttentionMetadata, paged_attention
 from mainspring.engine.config import ModelConfig
 from mainspring.engine.errors import ModelLoadError
 from mainspring.engine.layers import RMSNorm, RotaryEmbedding, Rotation
+
+if TYPE_CHECKING:
+    from mainspring.engine.native_ops import FusedOps
 
 
 class Attention(nn.Module):
@@ -25,14 +30,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size,
                                 bias=cfg.attention_bias and cfg.architecture != "qwen2")
         self.scale = self.d**-0.5
+        self.fused: FusedOps | None = None  # the engine's compiled kernels for few-row steps (engine/native_ops.py)
 
     def forward(self, x, rot: Rotation, kv: tuple[torch.Tensor, torch.Tensor], meta):
         t, qk_width = x.shape[0], (self.h + self.kvh) * self.d
         qkv = self.qkv_proj(x)
-        # queries and keys are rotated together: one set of RoPE ops per layer instead of two
-        qk = rot.apply(qkv[:, :qk_width].view(t, self.h + self.kvh, self.d))
         v = qkv[:, qk_width:].view(t, self.kvh, self.d)
-        o = paged_attention(qk[:, : self.h], qk[:, self.h :], v, kv, meta, self.scale)
+        f = self.fused
+        if f is not None and f.fits(qkv) and f.fits_kv(meta.slot_mapping, kv[0], kv[1], rot.cos, rot.signed_sin):
+            # RoPE and the K/V write in one kernel; paged_attention then skips its index_copy_
+            qk = f.rope_write_kv(qkv, rot.cos, rot.signed_sin, meta.slot_mapping, kv[0], kv[1], self.h, self.kvh)
+            o = paged_attention(qk[:, : self.h], qk[:, self.h :], v, kv, meta, self.scale, kv_written=True)
+        else:
+            # queries and keys are rotated together: one set of RoPE ops per layer instead of two
+            qk = rot.apply(qkv[:, :qk_width].view(t, self.h + self.kvh, self.d))
+            o = paged_attention(qk[:, : self.h], qk[:, self.h :], v, kv, meta, self.scale)
         return self.o_proj(o.reshape(t, self.h * self.d))
 
 
@@ -41,9 +53,13 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.fused: FusedOps | None = None  # the engine's compiled kernels for few-row steps (engine/native_ops.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused is not None and self.fused.fits(gate_up):
+            return self.down_proj(self.fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -56,8 +72,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, rot: Rotation, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rot, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), rot, kv, meta))
+        return x + self.mlp(h)
 
 
 class CausalLM(nn.Module):

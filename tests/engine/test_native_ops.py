@@ -1,0 +1,176 @@
+"""The fused CPU kernels (engine/native_ops.py): built once, right within fp32 rounding, taken only where they fit,
+and off with a reason where the CPU, the compiler or the setting rules them out."""
+
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mainspring.config import get_settings
+from mainspring.engine import native_ops
+from mainspring.engine.cpu import CpuFeatures, detect
+
+OPS, STATUS = native_ops.load(get_settings().cache_dir)
+# CI installs a C compiler: on an x86 CPU with AVX2 and FMA, a kernel that does not build is a failure
+CAN_RUN = detect().x86 and native_ops.NEEDS <= detect().flags
+needs_ops = pytest.mark.skipif(not CAN_RUN, reason=f"this CPU cannot run the kernels: {STATUS}")
+
+
+@needs_ops
+def test_the_kernels_build_and_load_here():
+    assert OPS is not None, STATUS
+    assert STATUS.startswith("on (fused_ops-") and OPS.path.exists()
+
+
+@needs_ops
+@pytest.mark.parametrize("rows,d", [(1, 576), (3, 576), (8, 64), (2, 70), (1, 5)])
+def test_each_kernel_matches_torch_within_fp32_rounding(rows, d):
+    torch.manual_seed(rows * 100 + d)
+    x, r, w = torch.randn(rows, d) * 3, torch.randn(rows, d), torch.randn(d)
+    before = x.clone(), r.clone()
+    torch.testing.assert_close(OPS.rms_norm(x, w, 1e-5), F.rms_norm(x, (d,), w, 1e-5), rtol=2e-6, atol=2e-6)
+    total, normed = OPS.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(total, x + r)  # one fp32 add each: exactly torch's
+    torch.testing.assert_close(normed, F.rms_norm(x + r, (d,), w, 1e-6), rtol=2e-6, atol=2e-6)
+    gate_up = torch.randn(rows, 2 * d) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(OPS.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=2e-6)
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])  # inputs are read, never written
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows):
+    from mainspring.engine.layers import RotaryEmbedding
+
+    h, kvh, d, slots_n = 6, 2, 16, 40
+    torch.manual_seed(rows)
+    rope = RotaryEmbedding(d, 64, 10000.0, None)
+    positions = torch.randint(0, 64, (rows,))
+    rot = rope.at(positions)
+    qkv = torch.randn(rows, (h + 2 * kvh) * d)
+    slots = torch.randperm(slots_n)[:rows]
+    k_cache, v_cache = torch.zeros(slots_n, kvh, d), torch.zeros(slots_n, kvh, d)
+    qk = OPS.rope_write_kv(qkv, rot.cos, rot.signed_sin, slots, k_cache, v_cache, h, kvh)
+    want = rot.apply(qkv[:, : (h + kvh) * d].view(rows, h + kvh, d))
+    torch.testing.assert_close(qk, want, rtol=2e-6, atol=2e-6)
+    k_want, v_want = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    k_want.index_copy_(0, slots, want[:, h:])
+    v_want.index_copy_(0, slots, qkv[:, (h + kvh) * d :].view(rows, kvh, d))
+    torch.testing.assert_close(k_cache, k_want, rtol=2e-6, atol=2e-6)
+    assert torch.equal(v_cache, v_want)  # values are copied as they are
+    # a slot past the cache is refused, and nothing is written there
+    with pytest.raises(IndexError, match="1 of 1 KV slots out of range"):
+        OPS.rope_write_kv(qkv[:1], rot.cos[:1], rot.signed_sin[:1], torch.tensor([slots_n]), k_cache, v_cache,
+                          h, kvh)
+
+
+def test_fits_takes_only_few_row_contiguous_fp32_cpu_tensors_without_gradients():
+    fits = native_ops.FusedOps.fits
+    x = torch.randn(2, 16)
+    assert fits(x, torch.ones(16))
+    assert not fits(x.to(torch.bfloat16))
+    assert not fits(torch.randn(16, 2).T)  # not contiguous
+    assert not fits(torch.randn(native_ops.MAX_ROWS + 1, 16))  # a prefill: torch's ops
+    assert not fits(torch.randn(1, 2, 16))
+    assert not fits(x, torch.ones(16, dtype=torch.bfloat16))
+    w = torch.ones(16, requires_grad=True)
+    assert not fits(x, w)  # the kernels have no backward
+    with torch.no_grad():
+        assert fits(x, w)
+
+
+def test_off_with_a_reason_without_avx2_or_a_compiler(tmp_path, monkeypatch):
+    arm = CpuFeatures("aarch64", "", frozenset({"asimd"}))
+    assert native_ops.load(tmp_path, arm) == (None, "off: the CPU lacks avx2, fma")
+    no_fma = CpuFeatures("x86_64", "", frozenset({"avx2"}))
+    assert native_ops.load(tmp_path, no_fma) == (None, "off: the CPU lacks fma")
+    monkeypatch.setattr(native_ops.shutil, "which", lambda name: None)
+    avx2 = CpuFeatures("x86_64", "", frozenset({"avx2", "fma"}))
+    assert native_ops.load(tmp_path, avx2) == (None, "off: no C compiler (cc or gcc) on the PATH")
+    assert not (tmp_path / "kernels").exists()
+
+
+@needs_ops
+def test_a_source_that_does_not_compile_leaves_the_kernels_off_and_no_file(tmp_path, monkeypatch):
+    bad = tmp_path / "broken.c"
+    bad.write_text("void ms_rms_norm( {\n")
+    monkeypatch.setattr(native_ops, "SOURCE", bad)
+    ops, status = native_ops.load(tmp_path / "cache")
+    assert ops is None and status.startswith("off: ") and "failed on broken.c" in status
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []  # no half-written library left behind
+
+
+@needs_ops
+def test_the_library_is_compiled_once_and_reused(tmp_path, monkeypatch):
+    ops, status = native_ops.load(tmp_path)
+    assert ops is not None, status
+    compiled = []
+    real_run = subprocess.run
+
+    def spy(cmd, *args, **kwargs):
+        compiled.append("-shared" in cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(native_ops.subprocess, "run", spy)
+    again, _ = native_ops.load(tmp_path)
+    assert again is not None and again.path == ops.path
+    assert compiled == [False]  # only `cc --version`, for the cache key
+
+
+@needs_ops
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decode_steps_on_the_kernels_match_transformers(arch, monkeypatch):
+    """Prefill (more than MAX_ROWS rows) stays on torch's ops; each decode row runs every RMSNorm and MLP on the
+    kernels; the logits match transformers' as torch's ops do (tests/engine/test_model.py)."""
+    from mainspring.engine.attention import AttentionMetadata
+    from tests.engine.test_model import BLOCK, TOLERANCE, hf_logits, new_cache, ours_from, tiny_hf
+
+    hf = tiny_hf(arch)
+    ours = ours_from(hf)
+    # per layer 2 norms, the attention and the MLP; and the final norm
+    assert native_ops.attach(ours, OPS) == 4 * len(ours.layers) + 1
+    calls = {"rms_norm": 0, "add_rms_norm": 0, "silu_mul": 0, "rope_write_kv": 0}
+    for name in calls:
+        def counted(*args, _name=name, _real=getattr(OPS, name)):
+            calls[_name] += 1
+            return _real(*args)
+        monkeypatch.setattr(OPS, name, counted)  # every module holds this one instance
+    torch.manual_seed(3)
+    ids = torch.randint(0, 97, (14,)).tolist()
+    table = list(range(8))
+    cache = new_cache(ours)
+    with torch.no_grad():
+        got = [ours.compute_logits(ours(torch.tensor(ids[:10]), torch.arange(10), cache,
+                                        AttentionMetadata.build([], [(table, 0, 10)], BLOCK)))]
+        assert set(calls.values()) == {0}  # 10 rows: torch's ops
+        for n in range(10, 14):
+            meta = AttentionMetadata.build([(table, n + 1)], [], BLOCK)
+            got.append(ours.compute_logits(ours(torch.tensor([ids[n]]), torch.tensor([n]), cache, meta)))
+    layers = len(ours.layers)
+    assert calls == {"rms_norm": 4 * (layers + 1), "add_rms_norm": 4 * layers, "silu_mul": 4 * layers,
+                     "rope_write_kv": 4 * layers}
+    tol = TOLERANCE[torch.float32]
+    torch.testing.assert_close(torch.cat(got), hf_logits(hf, ids), atol=tol, rtol=tol)
+
+
+@needs_ops
+@pytest.mark.slow
+def test_the_engine_on_the_kernels_decodes_what_torchs_ops_decode(embedded):
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.layers import RMSNorm
+    from mainspring.engine.params import SamplingParams
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colours:\n1."]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for on in (False, True):
+        engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, native_kernels=on))
+        status = engine.stats()["fused_kernels"]
+        assert status.startswith("on (") if on else status == "off: MAINSPRING_NATIVE_KERNELS off"
+        norms = [m for m in engine.model.modules() if isinstance(m, RMSNorm)]
+        assert norms and all((m.fused is not None) == on for m in norms)
+        outputs[on] = [o.token_ids for o in engine.generate(prompts, params)]
+    assert outputs[True] == outputs[False]
