@@ -164,7 +164,8 @@ def attach(model: nn.Module, ops: FusedOps | None) -> int:
     """Hand `ops` (None: torch's ops) to every module of `model` that takes them (RMSNorm, MLP); how many."""
     n = 0
     for module in model.modules():
-        if hasattr(module, "fused"):
-            module.fused = ops
+        attributes = vars(module)  # `fused` is a plain attribute of those modules, set in their __init__
+        if "fused" in attributes:
+            attributes["fused"] = ops
             n += 1
     return n
