@@ -161,7 +161,7 @@ def _build(compiler: str, out_dir: Path) -> Path:
 
 
 def attach(model: nn.Module, ops: FusedOps | None) -> int:
-    """Hand `ops` (None: torch's ops) to every module of `model` that takes them (RMSNorm, MLP); how many."""
+    """Hand `ops` (None: torch's ops) to every module of `model` that takes them (RMSNorm, Attention, MLP); how many."""
     n = 0
     for module in model.modules():
         attributes = vars(module)  # `fused` is a plain attribute of those modules, set in their __init__
