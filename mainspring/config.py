@@ -54,8 +54,9 @@ class Settings(BaseSettings):
     huge_pages: bool = Field(True, description="on Linux, move the CPU engines' weights onto transparent huge "
                              "pages (2 MiB) at start: a decode step streams every weight, and 4 KiB pages slow "
                              "the stream (engine/huge_pages.py)")
-    native_kernels: bool = Field(True, description="on x86 CPUs with AVX2 and FMA, compile the fused fp32 kernels "
-                                 "of engine/native/fused_ops.c (RMSNorm with its residual add, RoPE with the K/V "
+    native_kernels: bool = Field(True, description="compile the fused fp32 kernels "
+                                 "of engine/native/fused_ops.c (AVX2/FMA intrinsics where the CPU has both, "
+                                 "portable vectorized loops elsewhere) (RMSNorm with its residual add, RoPE with the K/V "
                                  "write, SiLU x up) with the C compiler on the PATH, once, under the cache dir's "
                                  "kernels/, and run decode steps' small ops on them (engine/native_ops.py)")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "

@@ -8,12 +8,14 @@ evicted by the GEMV before it and fetches them back from L3. Measured on an Inte
 through ctypes, took 17-25 µs after the same GEMV (docs/benchmarks.md, "Where a single-stream decode step's time
 goes").
 
-So where the CPU has AVX2 and FMA and a C compiler is on the PATH, the engine compiles that file once (under the
-cache dir's kernels/, keyed by the source, the compiler and its flags: ~1 s) and loads it, and its model's
-RMSNorms, attentions and MLPs take these kernels for steps of at most MAX_ROWS rows in fp32 (decode, speculative
-verification). Larger steps (prefill), other dtypes and devices stay on torch's ops. Results agree with torch's
-within fp32 rounding, not bit for bit. Without a compiler, on other CPUs, or with MAINSPRING_NATIVE_KERNELS off,
-nothing changes, and the engine's log line and /health say why.
+So where a C compiler is on the PATH, the engine compiles that file once (under the cache dir's kernels/, keyed
+by the source, the compiler and its flags: ~1 s) and loads it, and its model's RMSNorms, attentions and MLPs take
+these kernels for steps of at most MAX_ROWS rows in fp32 (decode, speculative verification). The build is chosen by
+what the CPU has (`variant`): AVX2/FMA intrinsics on x86 CPUs with both, otherwise the file's portable loops,
+vectorized by the compiler for the target's baseline (NEON on ARM, SSE2 on older x86). Larger steps (prefill),
+other dtypes and devices stay on torch's ops. Results agree with torch's within fp32 rounding, not bit for bit.
+Without a compiler, or with MAINSPRING_NATIVE_KERNELS off, nothing changes, and the engine's log line and /health
+say why.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from mainspring.engine.cpu import CpuFeatures, detect
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "fused_ops.c"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno")
-NEEDS = frozenset({"avx2", "fma"})
+FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno")
+AVX2_FLAGS = ("-mavx2", "-mfma")
 MAX_ROWS = 8  # a decode step's rows, or a speculative verification's (k + 1); prefill stays on torch's ops
 
 _P, _L, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -91,7 +93,6 @@ class FusedOps:
         self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
         return out
 
-
     def rope_write_kv(self, qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, slots: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
         """The rotated queries and keys [rows, heads + kv_heads, head_dim] of a fused qkv projection (RoPE as
@@ -114,19 +115,24 @@ class FusedOps:
             t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
 
 
+def variant(features: CpuFeatures) -> tuple[str, tuple[str, ...]]:
+    """Which build of fused_ops.c this CPU gets, and its extra compiler flags: "avx2" (intrinsics) on x86 with AVX2
+    and FMA, else "portable" (loops the compiler vectorizes for the target's baseline: NEON, SSE2)."""
+    if features.x86 and {"avx2", "fma"} <= features.flags:
+        return "avx2", AVX2_FLAGS
+    return "portable", ()
+
+
 def load(cache_dir: Path, features: CpuFeatures | None = None) -> tuple[FusedOps | None, str]:
-    """The kernels, built under `cache_dir`/kernels the first time, and a line for the log and /health: "on (path)"
-    or "off: why"."""
-    features = features or detect()
-    missing = NEEDS - features.flags
-    if not features.x86 or missing:
-        return None, f"off: the CPU lacks {', '.join(sorted(missing)) or 'x86-64'}"
+    """The kernels, built under `cache_dir`/kernels the first time for this CPU's `variant`, and a line for the log
+    and /health: "on (file, variant)" or "off: why"."""
+    name, extra = variant(features or detect())
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None, "off: no C compiler (cc or gcc) on the PATH"
     try:
-        path = _build(compiler, cache_dir / "kernels")
-        return FusedOps(ctypes.CDLL(str(path)), path), f"on ({path.name})"
+        path = _build(compiler, (*FLAGS, *extra), cache_dir / "kernels")
+        return FusedOps(ctypes.CDLL(str(path)), path), f"on ({path.name}, {name})"
     except (OSError, subprocess.SubprocessError, BuildError) as exc:
         return None, f"off: {exc}"
 
@@ -135,10 +141,10 @@ class BuildError(RuntimeError):
     pass
 
 
-def _build(compiler: str, out_dir: Path) -> Path:
+def _build(compiler: str, flags: tuple[str, ...], out_dir: Path) -> Path:
     source = SOURCE.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode()])).hexdigest()[:12]
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode()])).hexdigest()[:12]
     path = out_dir / f"fused_ops-{key}.so"
     if path.exists():
         return path
@@ -147,7 +153,7 @@ def _build(compiler: str, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]

@@ -1,6 +1,7 @@
 """The fused CPU kernels (engine/native_ops.py): built once, right within fp32 rounding, taken only where they fit,
 and off with a reason where the CPU, the compiler or the setting rules them out."""
 
+import shutil
 import subprocess
 
 import pytest
@@ -12,38 +13,65 @@ from mainspring.engine import native_ops
 from mainspring.engine.cpu import CpuFeatures, detect
 
 OPS, STATUS = native_ops.load(get_settings().cache_dir)
-# CI installs a C compiler: on an x86 CPU with AVX2 and FMA, a kernel that does not build is a failure
-CAN_RUN = detect().x86 and native_ops.NEEDS <= detect().flags
-needs_ops = pytest.mark.skipif(not CAN_RUN, reason=f"this CPU cannot run the kernels: {STATUS}")
+# the build with no ISA flags, which every CPU of this architecture runs (on x86 CPUs with AVX2 OPS is the other)
+PORTABLE, PORTABLE_STATUS = native_ops.load(get_settings().cache_dir, CpuFeatures(detect().arch, "", frozenset()))
+# CI installs a C compiler: where there is one, a kernel that does not build is a failure
+needs_ops = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason=f"no C compiler: {STATUS}")
 
 
 @needs_ops
-def test_the_kernels_build_and_load_here():
-    assert OPS is not None, STATUS
-    assert STATUS.startswith("on (fused_ops-") and OPS.path.exists()
+def test_the_kernels_build_and_load_here_in_this_cpus_variant_and_the_portable_one():
+    assert OPS is not None and PORTABLE is not None, (STATUS, PORTABLE_STATUS)
+    name, _ = native_ops.variant(detect())
+    assert STATUS == f"on ({OPS.path.name}, {name})" and OPS.path.exists()
+    assert PORTABLE_STATUS == f"on ({PORTABLE.path.name}, portable)"
+    assert (PORTABLE.path == OPS.path) == (name == "portable")  # flags are part of the file's key
 
 
-@needs_ops
+def test_the_variant_follows_the_cpus_features():
+    def variant(arch, *flags):
+        return native_ops.variant(CpuFeatures(arch, "", frozenset(flags)))
+
+    assert variant("x86_64", "avx2", "fma", "avx512f") == ("avx2", native_ops.AVX2_FLAGS)
+    assert variant("x86_64", "avx2") == ("portable", ())  # AVX2 without FMA: the intrinsics need both
+    assert variant("x86_64") == ("portable", ())
+    assert variant("aarch64", "asimd", "sve") == ("portable", ())  # NEON is aarch64's baseline: no flag needed
+    assert variant("aarch64", "avx2", "fma") == ("portable", ())  # x86 flags on another arch mean nothing
+
+
+def both_builds(test):
+    return pytest.mark.parametrize("build", ["this_cpu", "portable"])(needs_ops(test))
+
+
+def ops_of(build: str) -> native_ops.FusedOps:
+    ops = OPS if build == "this_cpu" else PORTABLE
+    assert ops is not None, (STATUS, PORTABLE_STATUS)
+    return ops
+
+
+@both_builds
 @pytest.mark.parametrize("rows,d", [(1, 576), (3, 576), (8, 64), (2, 70), (1, 5)])
-def test_each_kernel_matches_torch_within_fp32_rounding(rows, d):
+def test_each_kernel_matches_torch_within_fp32_rounding(rows, d, build):
+    ops = ops_of(build)
     torch.manual_seed(rows * 100 + d)
     x, r, w = torch.randn(rows, d) * 3, torch.randn(rows, d), torch.randn(d)
     before = x.clone(), r.clone()
-    torch.testing.assert_close(OPS.rms_norm(x, w, 1e-5), F.rms_norm(x, (d,), w, 1e-5), rtol=2e-6, atol=2e-6)
-    total, normed = OPS.add_rms_norm(x, r, w, 1e-6)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), F.rms_norm(x, (d,), w, 1e-5), rtol=2e-6, atol=2e-6)
+    total, normed = ops.add_rms_norm(x, r, w, 1e-6)
     assert torch.equal(total, x + r)  # one fp32 add each: exactly torch's
     torch.testing.assert_close(normed, F.rms_norm(x + r, (d,), w, 1e-6), rtol=2e-6, atol=2e-6)
     gate_up = torch.randn(rows, 2 * d) * 4
     gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(OPS.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=2e-6)
     assert torch.equal(x, before[0]) and torch.equal(r, before[1])  # inputs are read, never written
 
 
-@needs_ops
+@both_builds
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows):
+def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows, build):
     from mainspring.engine.layers import RotaryEmbedding
 
+    ops = ops_of(build)
     h, kvh, d, slots_n = 6, 2, 16, 40
     torch.manual_seed(rows)
     rope = RotaryEmbedding(d, 64, 10000.0, None)
@@ -52,7 +80,7 @@ def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows):
     qkv = torch.randn(rows, (h + 2 * kvh) * d)
     slots = torch.randperm(slots_n)[:rows]
     k_cache, v_cache = torch.zeros(slots_n, kvh, d), torch.zeros(slots_n, kvh, d)
-    qk = OPS.rope_write_kv(qkv, rot.cos, rot.signed_sin, slots, k_cache, v_cache, h, kvh)
+    qk = ops.rope_write_kv(qkv, rot.cos, rot.signed_sin, slots, k_cache, v_cache, h, kvh)
     want = rot.apply(qkv[:, : (h + kvh) * d].view(rows, h + kvh, d))
     torch.testing.assert_close(qk, want, rtol=2e-6, atol=2e-6)
     k_want, v_want = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
@@ -62,7 +90,7 @@ def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows):
     assert torch.equal(v_cache, v_want)  # values are copied as they are
     # a slot past the cache is refused, and nothing is written there
     with pytest.raises(IndexError, match="1 of 1 KV slots out of range"):
-        OPS.rope_write_kv(qkv[:1], rot.cos[:1], rot.signed_sin[:1], torch.tensor([slots_n]), k_cache, v_cache,
+        ops.rope_write_kv(qkv[:1], rot.cos[:1], rot.signed_sin[:1], torch.tensor([slots_n]), k_cache, v_cache,
                           h, kvh)
 
 
@@ -81,14 +109,10 @@ def test_fits_takes_only_few_row_contiguous_fp32_cpu_tensors_without_gradients()
         assert fits(x, w)
 
 
-def test_off_with_a_reason_without_avx2_or_a_compiler(tmp_path, monkeypatch):
-    arm = CpuFeatures("aarch64", "", frozenset({"asimd"}))
-    assert native_ops.load(tmp_path, arm) == (None, "off: the CPU lacks avx2, fma")
-    no_fma = CpuFeatures("x86_64", "", frozenset({"avx2"}))
-    assert native_ops.load(tmp_path, no_fma) == (None, "off: the CPU lacks fma")
+def test_off_with_a_reason_without_a_compiler(tmp_path, monkeypatch):
     monkeypatch.setattr(native_ops.shutil, "which", lambda name: None)
-    avx2 = CpuFeatures("x86_64", "", frozenset({"avx2", "fma"}))
-    assert native_ops.load(tmp_path, avx2) == (None, "off: no C compiler (cc or gcc) on the PATH")
+    for features in (CpuFeatures("x86_64", "", frozenset({"avx2", "fma"})), CpuFeatures("aarch64", "", frozenset())):
+        assert native_ops.load(tmp_path, features) == (None, "off: no C compiler (cc or gcc) on the PATH")
     assert not (tmp_path / "kernels").exists()
 
 
@@ -119,24 +143,26 @@ def test_the_library_is_compiled_once_and_reused(tmp_path, monkeypatch):
     assert compiled == [False]  # only `cc --version`, for the cache key
 
 
-@needs_ops
+@both_builds
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_decode_steps_on_the_kernels_match_transformers(arch, monkeypatch):
+def test_decode_steps_on_the_kernels_match_transformers(arch, build, monkeypatch):
     """Prefill (more than MAX_ROWS rows) stays on torch's ops; each decode row runs every RMSNorm and MLP on the
     kernels; the logits match transformers' as torch's ops do (tests/engine/test_model.py)."""
     from mainspring.engine.attention import AttentionMetadata
     from tests.engine.test_model import BLOCK, TOLERANCE, hf_logits, new_cache, ours_from, tiny_hf
 
+    ops = ops_of(build)
+
     hf = tiny_hf(arch)
     ours = ours_from(hf)
     # per layer 2 norms, the attention and the MLP; and the final norm
-    assert native_ops.attach(ours, OPS) == 4 * len(ours.layers) + 1
+    assert native_ops.attach(ours, ops) == 4 * len(ours.layers) + 1
     calls = {"rms_norm": 0, "add_rms_norm": 0, "silu_mul": 0, "rope_write_kv": 0}
     for name in calls:
-        def counted(*args, _name=name, _real=getattr(OPS, name)):
+        def counted(*args, _name=name, _real=getattr(ops, name)):
             calls[_name] += 1
             return _real(*args)
-        monkeypatch.setattr(OPS, name, counted)  # every module holds this one instance
+        monkeypatch.setattr(ops, name, counted)  # every module holds this one instance
     torch.manual_seed(3)
     ids = torch.randint(0, 97, (14,)).tolist()
     table = list(range(8))
