@@ -50,7 +50,7 @@ def ops_of(build: str) -> native_ops.FusedOps:
 
 
 @both_builds
-@pytest.mark.parametrize("rows,d", [(1, 576), (3, 576), (8, 64), (2, 70), (1, 5)])
+@pytest.mark.parametrize("rows,d", [(1, 576), (3, 576), (8, 64), (2, 70), (1, 5), (native_ops.MAX_ROWS, 576)])
 def test_each_kernel_matches_torch_within_fp32_rounding(rows, d, build):
     ops = ops_of(build)
     torch.manual_seed(rows * 100 + d)
@@ -67,12 +67,28 @@ def test_each_kernel_matches_torch_within_fp32_rounding(rows, d, build):
 
 
 @both_builds
-@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_silu_holds_over_the_whole_range_of_gates(build):
+    """silu_mul computes exp by its own polynomial (libm's expf does not vectorize): within fp32 rounding of
+    torch's over gates far beyond what a model produces, and sane at the extremes."""
+    ops = ops_of(build)
+    gate = torch.cat([torch.linspace(-150, 150, 30001), torch.randn(5000) * 6,
+                      torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30])])
+    up = torch.rand_like(gate) + 0.5
+    got = ops.silu_mul(torch.cat([gate, up]).view(1, -1))[0]
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=2e-6, atol=2e-6)
+    assert got[-2] == gate[-2] * up[-2]  # silu(g) -> g for large g
+    assert got[-1] <= 0 and got[-1] > -1e-6  # and -> -0 for large -g
+    nan = ops.silu_mul(torch.tensor([[float("nan"), 1.0]]))
+    assert torch.isnan(nan).all()
+
+
+@both_builds
+@pytest.mark.parametrize("rows", [1, 3, 8, native_ops.MAX_ROWS])
 def test_rope_and_the_kv_write_match_rotation_and_index_copy(rows, build):
     from mainspring.engine.layers import RotaryEmbedding
 
     ops = ops_of(build)
-    h, kvh, d, slots_n = 6, 2, 16, 40
+    h, kvh, d, slots_n = 6, 2, 16, max(40, 2 * rows)
     torch.manual_seed(rows)
     rope = RotaryEmbedding(d, 64, 10000.0, None)
     positions = torch.randint(0, 64, (rows,))
@@ -164,14 +180,15 @@ def test_decode_steps_on_the_kernels_match_transformers(arch, build, monkeypatch
             return _real(*args)
         monkeypatch.setattr(ops, name, counted)  # every module holds this one instance
     torch.manual_seed(3)
-    ids = torch.randint(0, 97, (14,)).tolist()
-    table = list(range(8))
+    prefill = native_ops.MAX_ROWS + 6
+    ids = torch.randint(0, 97, (prefill + 4,)).tolist()
+    table = list(range(-(-len(ids) // BLOCK)))
     cache = new_cache(ours)
     with torch.no_grad():
-        got = [ours.compute_logits(ours(torch.tensor(ids[:10]), torch.arange(10), cache,
-                                        AttentionMetadata.build([], [(table, 0, 10)], BLOCK)))]
-        assert set(calls.values()) == {0}  # 10 rows: torch's ops
-        for n in range(10, 14):
+        got = [ours.compute_logits(ours(torch.tensor(ids[:prefill]), torch.arange(prefill), cache,
+                                        AttentionMetadata.build([], [(table, 0, prefill)], BLOCK)))]
+        assert set(calls.values()) == {0}  # more than MAX_ROWS rows: torch's ops
+        for n in range(prefill, len(ids)):
             meta = AttentionMetadata.build([(table, n + 1)], [], BLOCK)
             got.append(ours.compute_logits(ours(torch.tensor([ids[n]]), torch.tensor([n]), cache, meta)))
     layers = len(ours.layers)

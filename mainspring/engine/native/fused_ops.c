@@ -85,12 +85,46 @@ void ms_add_rms_norm(const float *x, const float *residual, const float *w, floa
     ms_rms_norm(sum, w, out, rows, d, eps);
 }
 
-/* gate_up: [rows, 2 * inter], gate first; out[rows, inter] = silu(gate) * up, silu(g) = g / (1 + exp(-g)) */
+/* exp(x) for x in [-87, 0], without libm so that loops calling it vectorize (libm's expf is a scalar call):
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact n ln2), exp(r) by its Taylor series to r^7
+ * (truncation below 1e-8 relative), times 2^n (n >= -126, a normal float) built in the exponent bits. Within a
+ * few ulp of expf. */
+static inline float exp_neg(float x) {
+    const float round = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to the nearest integer */
+    float n = (x * 1.44269504f + round) - round;
+    float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.0f / 5040.0f + r * (1.0f / 40320.0f);
+    p = 1.0f / 720.0f + r * p;
+    p = 1.0f / 120.0f + r * p;
+    p = 1.0f / 24.0f + r * p;
+    p = 1.0f / 6.0f + r * p;
+    p = 0.5f + r * p;
+    p = 1.0f + r * p;
+    p = 1.0f + r * p;
+    union { int i; float f; } scale = {.i = ((int)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* -|g| clamped to >= -87 on its bits (for negative floats a larger magnitude is a larger signed int), so that no
+ * float compare-and-select reaches the compiler: one let it if-convert silu's division into g / exp(88) on every
+ * lane, a subnormal result, ~100x slower on x86 */
+static inline float neg_abs_clamped(float g) {
+    union { float f; int i; } v = {.f = -fabsf(g)}, floor = {.f = -87.0f};
+    v.i = v.i < floor.i ? v.i : floor.i;
+    return v.f;
+}
+
+/* gate_up: [rows, 2 * inter], gate first; out[rows, inter] = silu(gate) * up, silu(g) = g * sigmoid(g), with
+ * sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) in [exp(-87), 1]: nothing overflows,
+ * nothing is subnormal, and silu(g) -> g for large g, -> -0 (within 2e-38 |g|) for large -g */
 void ms_silu_mul(const float *gate_up, float *out, long rows, long inter) {
     for (long r = 0; r < rows; r++) {
-        const float *g = gate_up + r * 2 * inter, *u = g + inter;
-        float *o = out + r * inter;
-        for (long i = 0; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        const float *restrict g = gate_up + r * 2 * inter, *restrict u = g + inter;
+        float *restrict o = out + r * inter;
+        for (long i = 0; i < inter; i++) {
+            float e = exp_neg(neg_abs_clamped(g[i]));
+            o[i] = g[i] * ((g[i] >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
+        }
     }
 }
 
