@@ -76,3 +76,34 @@ def test_bad_input_is_a_message_and_exit_code_2(scripted, tmp_path, args, says):
     result = runner.invoke(app, ["chat", "--out", str(tmp_path), *args])
     assert result.exit_code == 2 and says in result.output
     assert model.calls == [] and "Traceback" not in result.output
+
+
+def test_the_model_is_built_on_the_compute_thread_that_steps_it(monkeypatch):
+    """Built on the main thread, the engine would leave that thread a libgomp pool of its own, and each step on
+    the compute thread would pay futex wake-ups (mainspring/compute.py)."""
+    import mainspring.engine.async_engine as async_engine
+    import mainspring.engine.engine as engine_module
+    import mainspring.engine.loader as loader
+    import mainspring.models.local as local
+    from mainspring.compute import compute_thread
+
+    built_on = []
+
+    class Engine:
+        def __init__(self, loaded, config):
+            built_on.append(compute_thread().on_thread())
+
+    monkeypatch.setattr(loader, "load_model", lambda *args: "loaded")
+    monkeypatch.setattr(engine_module, "LLMEngine", Engine)
+    class Async:
+        def __init__(self, engine):
+            self.engine = engine
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(async_engine, "AsyncLLMEngine", Async)
+    monkeypatch.setattr(local, "LocalModel", lambda engine: engine)
+    model, close = chat_cli.open_model()
+    close()
+    assert built_on == [True]
