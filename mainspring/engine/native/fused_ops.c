@@ -86,7 +86,7 @@ void ms_add_rms_norm(const float *x, const float *residual, const float *w, floa
 }
 
 /* exp(x) for x in [-87, 0], without libm so that loops calling it vectorize (libm's expf is a scalar call):
- * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact n ln2), exp(r) by its Taylor series to r^7
+ * x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact n ln2), exp(r) by its Taylor series to r^8
  * (truncation below 1e-8 relative), times 2^n (n >= -126, a normal float) built in the exponent bits. Within a
  * few ulp of expf. */
 static inline float exp_neg(float x) {
