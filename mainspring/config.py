@@ -55,10 +55,10 @@ class Settings(BaseSettings):
                              "pages (2 MiB) at start: a decode step streams every weight, and 4 KiB pages slow "
                              "the stream (engine/huge_pages.py)")
     native_kernels: bool = Field(True, description="compile the fused fp32 kernels of engine/native/fused_ops.c "
-                                 "(RMSNorm with its residual add, RoPE with the K/V write, SiLU x up; AVX2/FMA "
-                                 "intrinsics where the CPU has both, portable vectorized loops elsewhere) with the "
-                                 "C compiler on the PATH, once, under the cache dir's kernels/, and run decode "
-                                 "steps' small ops on them (engine/native_ops.py)")
+                                 "(RMSNorm with its residual add, RoPE with the K/V write, SiLU x up; compiled with "
+                                 "-mavx2 -mfma where the CPU has both, for the baseline vector unit elsewhere) "
+                                 "with the C compiler on the PATH, once, under the cache dir's kernels/, and run "
+                                 "decode steps' small ops on them (engine/native_ops.py)")
     speculative: str = Field("", description="speculative decoding of the standard engine, e.g. 'ngram:k=5,n=3', "
                              "'draft:layers=20,k=4' or a JSON object (engine/speculative.py); empty = off")
     kv_policy: str = Field("", description="KV policy of the standard engine, e.g. 'window=1024,sinks=4' or "

@@ -11,11 +11,11 @@ goes").
 So where a C compiler is on the PATH, the engine compiles that file once (under the cache dir's kernels/, keyed
 by the source, the compiler and its flags: ~1 s) and loads it, and its model's RMSNorms, attentions and MLPs take
 these kernels for steps of at most MAX_ROWS rows in fp32 (decode batches, speculative verification). The build is
-chosen by what the CPU has (`variant`): AVX2/FMA intrinsics on x86 CPUs with both, otherwise the file's portable
-loops, vectorized by the compiler for the target's baseline (NEON on ARM, SSE2 on older x86). Larger steps (prefill),
-other dtypes and devices stay on torch's ops. Results agree with torch's within fp32 rounding, not bit for bit.
-Without a compiler, or with MAINSPRING_NATIVE_KERNELS off, nothing changes, and the engine's log line and /health
-say why.
+chosen by what the CPU has (`variant`): the file is plain loops, compiled with -mavx2 -mfma on x86 CPUs with both,
+otherwise for the target's baseline (NEON on ARM, SSE2 on older x86); the compiler vectorizes them either way.
+Larger steps (prefill), other dtypes and devices stay on torch's ops. Results agree with torch's within fp32
+rounding, not bit for bit. Without a compiler, or with MAINSPRING_NATIVE_KERNELS off, nothing changes, and the
+engine's log line and /health say why.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class FusedOps:
 
 
 def variant(features: CpuFeatures) -> tuple[str, tuple[str, ...]]:
-    """Which build of fused_ops.c this CPU gets, and its extra compiler flags: "avx2" (intrinsics) on x86 with AVX2
-    and FMA, else "portable" (loops the compiler vectorizes for the target's baseline: NEON, SSE2)."""
+    """Which build of fused_ops.c this CPU gets, and its extra compiler flags: "avx2" (-mavx2 -mfma) on x86 with AVX2
+    and FMA, else "portable" (the target's baseline vector unit: NEON, SSE2)."""
     if features.x86 and {"avx2", "fma"} <= features.flags:
         return "avx2", AVX2_FLAGS
     return "portable", ()

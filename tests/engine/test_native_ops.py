@@ -33,7 +33,7 @@ def test_the_variant_follows_the_cpus_features():
         return native_ops.variant(CpuFeatures(arch, "", frozenset(flags)))
 
     assert variant("x86_64", "avx2", "fma", "avx512f") == ("avx2", native_ops.AVX2_FLAGS)
-    assert variant("x86_64", "avx2") == ("portable", ())  # AVX2 without FMA: the intrinsics need both
+    assert variant("x86_64", "avx2") == ("portable", ())  # AVX2 without FMA: the build asks for both
     assert variant("x86_64") == ("portable", ())
     assert variant("aarch64", "asimd", "sve") == ("portable", ())  # NEON is aarch64's baseline: no flag needed
     assert variant("aarch64", "avx2", "fma") == ("portable", ())  # x86 flags on another arch mean nothing

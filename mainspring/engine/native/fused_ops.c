@@ -1,61 +1,24 @@
 /* Fused fp32 row ops for the few-row steps of a decode (engine/native_ops.py builds and loads this file).
  *
  * Each function reads and writes contiguous [rows, d] fp32 buffers and touches nothing else: no allocation,
- * no threads, no global state. Two builds of the one file: with -mavx2 -mfma on x86 CPUs that have both, the
- * reductions and row scalings below use AVX2/FMA intrinsics; everywhere else (ARM, x86 without AVX2) they are
- * plain loops over 8 partial sums, which the compiler vectorizes for the target's baseline (NEON, SSE2). Either
- * way sums of squares are accumulated in 8 lanes, then added lane by lane: results agree with torch's within
- * fp32 rounding, not bit for bit. */
+ * no threads, no global state. Plain C loops the compiler vectorizes; only the flags differ between CPUs
+ * (native_ops.variant): with -mavx2 -mfma on x86 CPUs that have both, the loops become 8-wide AVX2 with fused
+ * multiply-adds (the same instructions hand-written intrinsics gave: checked with -fopt-info-vec and objdump),
+ * elsewhere the target's baseline (NEON on ARM, SSE2 on older x86). Sums of squares are accumulated in 8
+ * lanes, then added lane by lane: results agree with torch's within fp32 rounding, not bit for bit. */
 #include <math.h>
 
 #define LANES 8
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static float sum_squares(const float *x, long d) {
-    __m256 acc = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + LANES <= d; i += LANES) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    float ss = hsum(acc);
-    for (; i < d; i++) ss += x[i] * x[i];
-    return ss;
-}
-
-static void scale_row(const float *x, const float *w, float s, float *out, long d) {
-    __m256 sv = _mm256_set1_ps(s);
-    long i = 0;
-    for (; i + LANES <= d; i += LANES)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
-    for (; i < d; i++) out[i] = x[i] * s * w[i];
-}
-
-static void add_rows(const float *x, const float *y, float *out, long n) {
-    long i = 0;
-    for (; i + LANES <= n; i += LANES)
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) out[i] = x[i] + y[i];
-}
-
-#else /* portable: the same arithmetic in loops the compiler vectorizes */
-
+/* 8 partial sums: a single running sum is a chain the compiler may not reorder (no -ffast-math), so it would stay
+ * scalar; 8 independent ones are one vector register */
 static float sum_squares(const float *x, long d) {
     float acc[LANES] = {0};
     long i = 0;
     for (; i + LANES <= d; i += LANES)
         for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * x[i + j];
-    float ss = 0.0f;
-    for (int j = 0; j < LANES; j++) ss += acc[j];
+    /* lanes added in halves, as a vector horizontal sum does: 3 dependent adds, not 8 */
+    float ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     for (; i < d; i++) ss += x[i] * x[i];
     return ss;
 }
@@ -67,8 +30,6 @@ static void scale_row(const float *restrict x, const float *restrict w, float s,
 static void add_rows(const float *restrict x, const float *restrict y, float *restrict out, long n) {
     for (long i = 0; i < n; i++) out[i] = x[i] + y[i];
 }
-
-#endif
 
 static float inv_rms(const float *x, long d, float eps) { return 1.0f / sqrtf(sum_squares(x, d) / (float)d + eps); }
 
