@@ -29,8 +29,8 @@ def in_frame(i: int, c, world: World) -> ConstraintResult:
         where = "entirely" if not in_front.any() else "partly"
         return result(i, c, False, "outside_px", None, "px", f"{c.a} is {where} behind the camera's near plane")
     m = c.margin_px
-    outside = np.maximum.reduce([m - pixels[:, 0], pixels[:, 0] - (view.width - m),
-                                 m - pixels[:, 1], pixels[:, 1] - (view.height - m)])
+    outside = np.stack([m - pixels[:, 0], pixels[:, 0] - (view.width - m),
+                        m - pixels[:, 1], pixels[:, 1] - (view.height - m)]).max(axis=0)
     worst = max(float(outside.max()), 0.0)
     edge = f"the image's {m} px margin" if m else "the image's edges"
     where = "lies within" if worst <= 0.0 else f"reaches {worst:.1f} px past"
