@@ -70,8 +70,7 @@ class LLMEngine:
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.placement = resolve_placement(self.config.device, self.config.dtype)
         check_supported(self.placement, quantization=self.config.quantization,
-                        kv_policy=self.config.kv_policy is not None, speculative=self.config.speculative is not None,
-                        kv_disk=self.config.kv_disk_cache_mb > 0)
+                        kv_policy=self.config.kv_policy is not None, kv_disk=self.config.kv_disk_cache_mb > 0)
         on_cuda = self.placement.device.type == "cuda"
         self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
         if on_cuda:

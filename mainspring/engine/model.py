@@ -6,7 +6,7 @@ fused into single matmuls so a decode step is a handful of GEMMs per layer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -88,14 +88,17 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: list, meta: AttentionMetadata,
+                layers: Sequence[int] | None = None):
         """Returns final hidden states [T, hidden]; K/V of these tokens are written to kv_cache. A static
-        (graph-captured) step reads no value on the host: its runner grew the RoPE table beforehand."""
+        (graph-captured) step reads no value on the host: its runner grew the RoPE table beforehand. `layers`:
+        only these decoder layers, in this order (a layer-skipping draft, engine/speculative.py); None: all."""
         if meta.static is None:
             self.rope.ensure(positions)
         x = self.embed_tokens(input_ids)
         rot = self.rope.at(positions, x.dtype)  # once per forward, for every layer
-        for layer, kv in zip(self.layers, kv_cache):
+        picked = zip(self.layers, kv_cache) if layers is None else ((self.layers[i], kv_cache[i]) for i in layers)
+        for layer, kv in picked:
             x = layer(x, rot, kv, meta)
         return x
 

@@ -3,10 +3,11 @@
 `auto` is CUDA with bf16 when torch sees a GPU, else the CPU with fp32 (the path every test and bench of the CPU
 engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
 masks' application live on the device; the options whose kernels are CPU-only so far (int4/int8 weights,
-speculative decoding, KV policies and tiers) are refused there by name. A precision other than fp32 covers
-the weights, the activations and the paged KV cache; logits are returned in fp32 so the sampler and grammar masks
-work the same in every precision. Combinations the engine has not been built or tested for are refused here, by
-name, before any weight is loaded.
+KV policies and tiers) are refused there by name. Speculative decoding runs in every precision and on every
+device: its proposers and verifier are torch ops on the logits' device (engine/speculative.py). A precision
+other than fp32 covers the weights, the activations and the paged KV cache; logits are returned in fp32 so the
+sampler and grammar masks work the same in every precision. Combinations the engine has not been built or tested
+for are refused here, by name, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -63,12 +64,10 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
     return Placement(torch.device(device), DTYPES[dtype])
 
 
-def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, speculative: bool,
-                    kv_disk: bool) -> None:
+def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, kv_disk: bool) -> None:
     """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision."""
     options = ((quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION"),
                (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY"),
-               (speculative, "speculative decoding", "MAINSPRING_SPECULATIVE"),
                (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB"))
     if placement.device.type == "cuda":
         for on, what, setting in options:

@@ -39,7 +39,7 @@ import torch
 from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.model import CausalLM
 from mainspring.engine.params import SamplingParams
-from mainspring.engine.sampler import _GREEDY_EPS, Sampler, SampleLogprobs, TokenMask, _logprobs
+from mainspring.engine.sampler import _GREEDY_EPS, Sampler, SampleLogprobs, TokenMask, _index, _logprobs
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
 
@@ -196,15 +196,10 @@ class DraftModelProposer:
     def __init__(self, model: CausalLM, kv_cache: list, block_size: int, layers: list[int], sampler: Sampler) -> None:
         self.model, self.kv_cache, self.layers = model, kv_cache, layers
         self.block_size, self.sampler = block_size, sampler
+        self.device = model.embed_tokens.weight.device
 
     def _logits(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        m = self.model
-        m.rope.ensure(positions)
-        rot = m.rope.at(positions)
-        x = m.embed_tokens(ids)
-        for i in self.layers:
-            x = m.layers[i](x, rot, self.kv_cache[i], meta)
-        return m.compute_logits(x)
+        return self.model.compute_logits(self.model(ids, positions, self.kv_cache, meta, layers=self.layers))
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
@@ -215,9 +210,10 @@ class DraftModelProposer:
             ids = [drafts[i][-1] if j else seqs[i].last_token_id for i in rows]
             pos = [seqs[i].num_tokens - 1 + j for i in rows]
             meta = AttentionMetadata.build([(seqs[i].block_table, p + 1) for i, p in zip(rows, pos)], [],
-                                           self.block_size)
+                                           self.block_size).to(self.device)
             views = [DraftView(seqs[i], drafts[i][:]) for i in rows]
-            x = self.sampler.apply_penalties(self._logits(torch.tensor(ids), torch.tensor(pos), meta), views)
+            x = self.sampler.apply_penalties(self._logits(_index(ids, self.device), _index(pos, self.device), meta),
+                                             views)
             picks: list[int] = x.argmax(dim=-1).tolist()
             sampled = [r for r, v in enumerate(views) if v.params.temperature >= _GREEDY_EPS]
             if sampled:
@@ -225,7 +221,8 @@ class DraftModelProposer:
                 # verifier can use the min(1, p/q) rule, which accepts more than matching a point.
                 q = self.sampler.probs(x[sampled], [views[r] for r in sampled])
                 for m, r in enumerate(sampled):
-                    picks[r] = int(torch.multinomial(q[m], 1, generator=self.sampler.generator(views[r].seq)))
+                    gen = self.sampler.generator(views[r].seq, q.device)
+                    picks[r] = int(torch.multinomial(q[m], 1, generator=gen))
                     qs[rows[r]].append(q[m])
             for r, i in enumerate(rows):
                 drafts[i].append(picks[r])
@@ -240,9 +237,9 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, draft: list[int],
     """The standard lossless rule for drafts drawn from q. p: [k+1, V] target probabilities at
     each draft position and the one after; q: [k, V]. Returns the accepted drafts + one token."""
     k = len(draft)
-    d = torch.tensor(draft, dtype=torch.long)
-    rows = torch.arange(k)
-    u = torch.rand(k, generator=generator, dtype=p.dtype)
+    d = _index(draft, p.device)
+    rows = torch.arange(k, device=p.device)
+    u = torch.rand(k, generator=generator, dtype=p.dtype, device=p.device)
     accept = u * q[rows, d] < p[rows, d]  # u < p/q without dividing (q(d) > 0: d was drawn from q)
     a = int(accept.logical_not().to(torch.int8).argmax()) if not bool(accept.all()) else k
     if a == k:
@@ -315,7 +312,7 @@ class SpeculativeDecoder:
         tokens: dict[int, list[int]] = {}
         lps: dict[int, list[SampleLogprobs | None]] = {}
         if plain:
-            out = self.sampler(logits[torch.tensor(plain_rows)], plain, masks(plain))
+            out = self.sampler(logits[_index(plain_rows, logits.device)], plain, masks(plain))
             for seq, t, lp in zip(plain, out.token_ids, out.logprobs):
                 tokens[seq.seq_id], lps[seq.seq_id] = [t], [lp]
         if spec:
@@ -324,7 +321,7 @@ class SpeculativeDecoder:
 
     def _verify(self, logits: torch.Tensor, spec: list[tuple[Sequence, int]], tokens: dict[int, list[int]],
                 lps: dict[int, list[SampleLogprobs | None]]) -> None:
-        rows = torch.tensor([r + j for seq, r in spec for j in range(len(seq.spec_token_ids) + 1)])
+        rows = _index([r + j for seq, r in spec for j in range(len(seq.spec_token_ids) + 1)], logits.device)
         raw = logits[rows]
         views = [DraftView(seq, seq.spec_token_ids[:j]) for seq, _ in spec for j in range(len(seq.spec_token_ids) + 1)]
         x = self.sampler.apply_penalties(raw, views)
@@ -341,7 +338,7 @@ class SpeculativeDecoder:
                 if q is None:
                     out = self._match_sampled(draft, p, views[span])
                 else:
-                    out = rejection_sample(p, q, draft, self.sampler.generator(seq))
+                    out = rejection_sample(p, q, draft, self.sampler.generator(seq, p.device))
             tokens[seq.seq_id] = out
             lps[seq.seq_id] = (_logprobs(raw[at : at + len(out)], out, [seq.params] * len(out))
                                if seq.params.logprobs is not None else [None] * len(out))

@@ -141,3 +141,26 @@ def test_a_captured_step_gives_the_eager_hidden_states(engine):
     assert torch.equal(graphed, again)
     scale = eager.abs().max().item()
     assert (graphed - eager).abs().max().item() <= 3e-2 * scale
+
+
+@pytest.mark.parametrize("method,k", [("ngram", 6), ("draft", 3)])
+def test_speculative_decoding_on_the_gpu_keeps_the_plain_greedy_picks(engine, loaded, method, k):
+    """The drafts, the verify forward and the verifier on the GPU: every greedy token is the plain engine's pick
+    for its prefix up to bf16 rounding (tests/engine/test_speculative.py checks the same on the CPU), and seeded
+    sampling runs there too (the verifier's generators and index tensors on the logits' device)."""
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.params import SamplingParams
+    from mainspring.engine.speculative import SpeculativeConfig
+    from tests.engine.test_speculative import greedy_gaps
+
+    drafting = LLMEngine(loaded, EngineConfig(device="cuda", dtype="bf16", kv_cache_mb=256, max_num_batched_tokens=512,
+                                              speculative=SpeculativeConfig(method, k=k)))
+    prompts = [engine.tokenizer.encode(p) for p in PROMPTS + ["one two three four five one two three four five one"]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=32, ignore_eos=True)
+    outs = drafting.generate(prompts + prompts[:1], [greedy] * len(prompts) + [sampled])
+    for prompt, out in zip(prompts, outs):
+        assert max(greedy_gaps(engine, prompt, out.token_ids)) <= 0.5, (method, out.token_ids)
+    assert all(len(o.token_ids) == 32 for o in outs)
+    assert drafting.spec.num_draft_tokens > 0 and drafting.model.embed_tokens.weight.is_cuda

@@ -48,12 +48,12 @@ def test_cuda_without_a_gpu_is_refused_and_with_one_auto_is_cuda_in_bf16(monkeyp
 
 @pytest.mark.parametrize("option,setting", [
     (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
-    (dict(speculative=True), "MAINSPRING_SPECULATIVE"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
+    (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
 ])
 def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting):
     from mainspring.engine.placement import Placement
 
-    kwargs = dict(quantization=None, kv_policy=False, speculative=False, kv_disk=False)
+    kwargs = dict(quantization=None, kv_policy=False, kv_disk=False)
     for dtype in (torch.float32, torch.bfloat16):
         cuda = Placement(torch.device("cuda"), dtype)  # built directly: no GPU is needed to refuse
         check_supported(cuda, **kwargs)  # the plain engine runs there
@@ -63,10 +63,10 @@ def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting):
 
 @pytest.mark.parametrize("option,setting", [
     (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
-    (dict(speculative=True), "MAINSPRING_SPECULATIVE"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
+    (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
 ])
 def test_fp32_only_options_are_refused_in_bf16(option, setting):
-    kwargs = dict(quantization=None, kv_policy=False, speculative=False, kv_disk=False) | option
+    kwargs = dict(quantization=None, kv_policy=False, kv_disk=False) | option
     check_supported(resolve_placement("cpu", "fp32"), **kwargs)  # fp32 runs them all
     with pytest.raises(PlacementError, match=setting):
         check_supported(resolve_placement("cpu", "bf16"), **kwargs)
@@ -76,7 +76,7 @@ def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32():
     s = Settings(device="cpu", dtype="bf16")
     config = EngineConfig.from_settings(s)
     assert (config.device, config.dtype) == ("cpu", "bf16")
-    assert fast_engine_config(s).dtype == "fp32"  # its int4 linears and speculation run fp32
+    assert fast_engine_config(s).dtype == "fp32"  # its int4 linears take fp32 activations
 
 
 @pytest.mark.slow
@@ -97,5 +97,7 @@ def test_a_bf16_engine_keeps_weights_and_kv_in_bf16_and_answers(embedded):
     assert ours.token_ids[:3] == ref.token_ids[:3]  # bf16 rounding may part ways later, not at once
     again = bf16.generate([prompt], greedy)[0]  # from the prefix cache, in bf16 blocks
     assert again.usage.cached_tokens > 0 and again.token_ids == ours.token_ids
-    with pytest.raises(PlacementError, match="MAINSPRING_SPECULATIVE"):
-        LLMEngine(embedded, EngineConfig(dtype="bf16", speculative=SpeculativeConfig("ngram")))
+    with pytest.raises(PlacementError, match="MAINSPRING_QUANTIZATION"):
+        LLMEngine(embedded, EngineConfig(dtype="bf16", quantization="int4"))
+    drafting = LLMEngine(embedded, EngineConfig(kv_cache_mb=16, dtype="bf16", speculative=SpeculativeConfig("ngram")))
+    assert drafting.spec is not None  # runs in bf16 (tests/engine/test_speculative.py checks its tokens)
