@@ -13,6 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from mainspring.agents.tables import RunRow
 from mainspring.billing.keys import create_key
 from mainspring.store.db import dispose_engines, session
 from mainspring.store.tables import LedgerEntry
@@ -44,6 +45,13 @@ def effects(ledgers: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+def leases_held(db: str, pid: int) -> int:
+    """Unfinished runs leased to the worker process `pid` (a lease owner is "host:pid:nonce")."""
+    with session(db, readonly=True) as s:
+        owners = s.scalars(select(RunRow.lease_owner).where(RunRow.lease_owner.is_not(None))).all()
+    return sum(1 for owner in owners if owner.split(":")[1] == str(pid))
+
+
 def _log_tails(logs: Path) -> dict[str, str]:
     return {p.name: p.read_text()[-2000:] for p in sorted(logs.glob("*.log"))}
 
@@ -67,8 +75,9 @@ def test_two_apis_two_workers_survive_kill_9(pg_url, tmp_path, free_tcp_port_fac
             r.raise_for_status()
             runs.append(r.json()["id"])
         deadline = time.monotonic() + 120
-        while len(effects(tmp_path)) < RUNS // 2:
-            assert time.monotonic() < deadline, "the workers never got going"
+        # the one to kill must be holding runs: under load it can start late, after the other took the first 64
+        while len(effects(tmp_path)) < RUNS // 2 or not leases_held(pg_url, workers[0].pid):
+            assert time.monotonic() < deadline, ("the workers never got going", _log_tails(tmp_path))
             assert all(p.poll() is None for p in workers), (tmp_path / "worker-0.log").read_text()[-3000:]
             time.sleep(0.05)
         os.kill(workers[0].pid, signal.SIGKILL)  # mid-flight: runs leased to it, calls in progress
