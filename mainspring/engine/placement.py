@@ -2,12 +2,13 @@
 
 `auto` is CUDA with bf16 when torch sees a GPU, else the CPU with fp32 (the path every test and bench of the CPU
 engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
-masks' application live on the device; the options whose kernels are CPU-only so far (int4/int8 weights,
-KV policies and tiers) are refused there by name. Speculative decoding runs in every precision and on every
-device: its proposers and verifier are torch ops on the logits' device (engine/speculative.py). A precision
-other than fp32 covers the weights, the activations and the paged KV cache; logits are returned in fp32 so the
-sampler and grammar masks work the same in every precision. Combinations the engine has not been built or tested
-for are refused here, by name, before any weight is loaded.
+masks' application live on the device; the options whose kernels are CPU-only so far (int4/int8 weights, KV
+policies and tiers) are refused there by name. In bf16 and fp16 on the CPU, KV policies run (their attention casts
+the window to fp32), and int4/int8 weights and the fp32 KV disk tier are refused. Speculative decoding runs in
+every precision and on every device: its proposers and verifier are torch ops on the logits' device
+(engine/speculative.py). A precision other than fp32 covers the weights, the activations and the paged KV cache;
+logits are returned in fp32 so the sampler and grammar masks work the same in every precision. Combinations the
+engine has not been built or tested for are refused here, by name, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -66,18 +67,18 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
 
 def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, kv_disk: bool) -> None:
     """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision."""
-    options = ((quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION"),
-               (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY"),
-               (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB"))
+    quantized = (quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION")
+    policy = (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY")
+    disk = (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB")
     if placement.device.type == "cuda":
-        for on, what, setting in options:
+        for on, what, setting in (quantized, policy, disk):
             if on:
                 raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with {what}: those kernels run on the "
                                      f"CPU only so far; unset {setting} or use MAINSPRING_DEVICE=cpu")
     if placement.is_fp32:
         return
     name = placement.dtype_name
-    for on, what, setting in options:
+    for on, what, setting in (quantized, disk):  # a KV policy's attention runs in fp32 over any cache
         if on:
             raise PlacementError(f"MAINSPRING_DTYPE={name} with {what}: those kernels run fp32 only; unset "
                                  f"{setting} or use MAINSPRING_DTYPE=fp32")

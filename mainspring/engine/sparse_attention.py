@@ -137,13 +137,13 @@ def _tile(q0: int, q1: int, start: int, lo: int, w: int | None, has_sinks: bool,
 
 def _gather(seg: SparseSegment, k_cache: torch.Tensor, v_cache: torch.Tensor,
             cold: ColdLoader | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The segment's keys and values in position order: hot slots as they are, cold blocks
-    dequantized (K and V of a run in one load)."""
+    """The segment's keys and values in position order, fp32: hot slots as they are (cast from a bf16 or fp16
+    cache), cold blocks dequantized (K and V of a run in one load)."""
     ks, vs = [], []
     for kind, ids, skip, take in seg.runs:
         if kind == "hot":
-            ks.append(k_cache[ids])
-            vs.append(v_cache[ids])
+            ks.append(k_cache[ids].float())
+            vs.append(v_cache[ids].float())
         else:
             if cold is None:
                 raise RuntimeError("cold KV blocks but no cold store")
@@ -162,7 +162,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold: ColdLoader | None,
                      seg: SparseSegment, scale: float) -> torch.Tensor:
-    """q: [n, H, D] for the segment's rows; returns [n, H, D]."""
+    """q: [n, H, D] for the segment's rows; returns [n, H, D] in q's dtype. The segment attends in fp32 whatever
+    the cache's precision: cold blocks come back fp32, and only the window's keys are cast."""
+    dtype, q = q.dtype, q.float()
     k, v = _gather(seg, k_cache, v_cache, cold)
     n, h, d = q.shape
     kvh = k.shape[1]
@@ -170,8 +172,8 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     ks = vs = None
     if seg.sink_slots is not None:
-        ks = k_cache[seg.sink_slots].permute(1, 2, 0)  # [KVH, D, S]
-        vs = v_cache[seg.sink_slots].transpose(0, 1)  # [KVH, S, D]
+        ks = k_cache[seg.sink_slots].float().permute(1, 2, 0)  # [KVH, D, S]
+        vs = v_cache[seg.sink_slots].float().transpose(0, 1)  # [KVH, S, D]
     kT, vT = k.permute(1, 2, 0), v.transpose(0, 1)  # [KVH, D, C], [KVH, C, D]
     for t in seg.tiles:
         qt = q[t.q0 : t.q1] * scale
@@ -198,4 +200,4 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if num_sinks and vs is not None:
             o += torch.bmm(p[..., :num_sinks], vs)
         out[t.q0 : t.q1] = o.view(kvh, g, m, d).permute(2, 0, 1, 3).reshape(m, h, d)
-    return out
+    return out.to(dtype)
