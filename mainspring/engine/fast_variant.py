@@ -48,7 +48,7 @@ def fast_engine_config(settings: Settings | None = None, quantization: str | Non
     weights) and speculative decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty;
     "off" turns it off)."""
     s = settings or get_settings()
-    # fp32 activations whatever MAINSPRING_DTYPE says: its quantized linears and speculation run fp32 only
+    # fp32 activations whatever MAINSPRING_DTYPE says: its quantized linears run fp32 only
     # int4 layers keep a dense copy for prefill: its time to first token is the standard engine's, not the
     # int4 kernel's (2x slower than fp32 from 16 rows on without native bf16)
     return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization,
