@@ -465,6 +465,18 @@ def test_draft_model_greedy_is_token_identical_batched(embedded, prompts, plain_
     assert engine.spec.num_accepted_tokens > 0
 
 
+@pytest.mark.slow
+def test_ngram_drafts_with_decode_graphs_are_token_identical(embedded, prompts, plain_outputs):
+    """On CUDA decode-only steps replay captured graphs and verify steps run eager; "static" runs the graphs'
+    fixed-shape path on the CPU, so the mix of the two, lookahead blocks in the tables included, is checked here."""
+    from mainspring.engine.engine import LLMEngine
+
+    engine = LLMEngine(embedded, EngineConfig(kv_cache_mb=64, decode_graphs="static",
+                                              speculative=SpeculativeConfig("ngram", k=4)))
+    _same(engine.generate(prompts, _params()), plain_outputs)
+    assert engine.runner.graphs.replays > 0 and engine.spec.num_accepted_tokens > 0
+
+
 def greedy_gaps(plain, prompt: list[int], token_ids: list[int]) -> list[float]:
     """For each generated token, how far (in log-probability) it falls below the plain engine's greedy pick
     for the same prefix, scoring prompt + tokens in one teacher-forced pass: 0.0 where it is that pick."""
