@@ -25,11 +25,10 @@ class Settings(BaseSettings):
     model: str = Field("smollm2", description="'smollm2' (embedded), a .gguf file or a Hugging Face folder")
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = one per core")
     device: str = Field("auto", description="where the engine runs: 'auto' (CUDA when torch sees a GPU, else the "
-                        "CPU), 'cpu', 'cuda' or 'cuda:N' (on CUDA not with quantization, a KV policy, speculation "
-                        "or the KV disk tier)")
+                        "CPU), 'cpu', 'cuda' or 'cuda:N' (on CUDA not with quantization, a KV policy or the KV "
+                        "disk tier)")
     dtype: str = Field("auto", description="precision of weights, activations and KV cache: 'auto' (bf16 on CUDA, "
-                       "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (on the CPU not with quantization, a KV policy, "
-                       "speculation or the KV disk tier)")
+                       "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (not with quantization or the KV disk tier)")
     cuda_graphs: bool = Field(True, description="on CUDA, replay decode-only steps as captured CUDA graphs (batch "
                               "and context buckets, captured on first use; other steps run eagerly); no effect on the "
                               "CPU")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ def type_text(field: FieldInfo) -> str:
     annotation = field.annotation
     name = annotation.__name__ if isinstance(annotation, type) and not getattr(annotation, "__args__", None) \
         else str(annotation)
-    name = name.replace("typing.", "").replace("pathlib.", "")
+    # module paths dropped, Python 3.13's pathlib._local included: the table reads the same on every version
+    name = re.sub(r"\b(?:typing|pathlib(?:\._local)?)\.", "", name)
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for kind, attr, sign in _BOUNDS
               if isinstance(m, kind)]
     return ", ".join([name, *bounds])
