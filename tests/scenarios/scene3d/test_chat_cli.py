@@ -95,6 +95,7 @@ def test_the_model_is_built_on_the_compute_thread_that_steps_it(monkeypatch):
 
     monkeypatch.setattr(loader, "load_model", lambda *args: "loaded")
     monkeypatch.setattr(engine_module, "LLMEngine", Engine)
+
     class Async:
         def __init__(self, engine):
             self.engine = engine
