@@ -7,7 +7,7 @@ the chat template instead, where drafts are accepted less often. Each engine run
 process (peak memory is its own), `--repeats` times; the table shows the median rate (decode
 tok/s = generated tokens / wall time of the call).
 
-  plain      LLMEngine, fp32 weights
+  plain      LLMEngine, fp32 weights (bf16 with --device cuda)
   int4       the -fast engine's weights (the format measured fastest on this CPU), no speculative decoding
   fast       build_fast_engine(): those weights + speculative decoding (the `-fast` model)
   llama.cpp  llama-cpp-python on the embedded Q4_1 GGUF (if `llama_cpp` imports)
@@ -16,6 +16,7 @@ tok/s = generated tokens / wall time of the call).
     python bench/fast_variant.py --engines plain,fast --threads 1
     python bench/fast_variant.py --prompt chat --out bench/results/fast_variant_chat.json
     python bench/fast_variant.py --isa avx2 --out bench/results/fast_variant_avx2.json  # an AVX2-only proxy
+    python bench/fast_variant.py --device cuda --engines plain,int4,fast   # on a GPU (bench/gpu_check.sh)
 
 `--isa avx2` caps torch, oneDNN and MKL at AVX2 in the children (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
 MKL_ENABLE_INSTRUCTIONS) on a CPU that has more: the kernels, and the kernel choice, are those of an AVX2-only
@@ -110,6 +111,8 @@ def main() -> None:
     ap.add_argument("--prompt", choices=("a", "chat"), default="a",
                     help="bench/engine.py's workload a, or a chat story")
     ap.add_argument("--isa", choices=sorted(ISA_CAPS), help="cap the instruction set the children's kernels use")
+    ap.add_argument("--device", help="MAINSPRING_DEVICE for the children (cuda: every engine in bf16 on the GPU; "
+                    "its -fast weights are int4 on torch's CUDA kernel)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fast_variant.json"))
     ap.add_argument("--child", metavar="ENGINE", help=argparse.SUPPRESS)
     ap.add_argument("--update-readme", action="store_true", help="write the table from --out into README.md")
@@ -130,6 +133,8 @@ def main() -> None:
             print("skip llama.cpp: llama_cpp is not installed (pip install -e '.[bench]')", file=sys.stderr)
             continue
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), **ISA_CAPS.get(args.isa or "", {}))
+        if args.device:
+            env["MAINSPRING_DEVICE"] = args.device
         print(f"running {name} ...", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, __file__, "--child", name, "--threads", str(args.threads),
                                "--repeats", str(args.repeats), "--prompt", args.prompt],
@@ -145,7 +150,8 @@ def main() -> None:
         by["fast"]["same_tokens_as_int4"] = by["fast"]["tokens"] == by["int4"]["tokens"]
     from train import cpu_model
 
-    report = {"cpu": cpu_model(), "prompt": args.prompt, "threads": args.threads, "repeats": args.repeats,
+    report = {"cpu": cpu_model(), "device": args.device or "cpu", "prompt": args.prompt, "threads": args.threads,
+              "repeats": args.repeats,
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"), "isa_cap": args.isa,
               "loadavg_1m_before": load_before,
               "loadavg_1m_after": round(os.getloadavg()[0], 2), "results": results,
@@ -174,6 +180,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {r['rate']:,.1f} | {', '.join(map(str, r['runs']))} | {vs_plain} | {vs_llama} | "
                      f"{r['peak_mb']} | {'; '.join(notes)} |")
     cpu = f"{report['cpu']}, " if report.get("cpu") else ""
+    if report.get("device", "cpu") != "cpu":
+        cpu = f"on {report['device']}, host {cpu}"
     if report.get("isa_cap"):
         cpu += f"capped at {report['isa_cap'].upper()} (--isa), "
     lines.append(f"\nprompt {report.get('prompt', 'a')}, {cpu}{report['threads']} threads, "

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The engine's GPU checks in one go, for a machine with a CUDA GPU and torch + transformers installed but no
-# network and no copy of the weights: tests/engine/test_cuda.py, then bench/engine.py --device cuda against
-# transformers on the same GPU. The model is the embedded one's shape (its config and tokenizer, copied into
-# .gpu/smollm2 by `bench/gpu_check.sh --prepare` on a machine that has them) with random weights: the same
-# work per token as the real weights, so speed and the numerics checks (same weights on both sides) hold.
+# The engine's GPU checks, for a machine with a CUDA GPU and torch + transformers installed but no network and no
+# copy of the weights: tests/engine/test_cuda.py ("tests"), bench/engine.py --device cuda against transformers on the
+# same GPU ("engine"), and bench/fast_variant.py --device cuda: bf16 vs int4 vs int4 + n-gram drafts ("fast"). The
+# model is the embedded one's shape (its config and tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh
+# --prepare` on a machine that has them) with random weights: the same work per token as the real weights, so speed
+# and the numerics checks (same weights on both sides) hold.
 #
 #   bench/gpu_check.sh --prepare            # here: tokenizer + config into .gpu/, wheels the GPU box lacks into .whl/
-#   bench/gpu_check.sh OUT_DIR              # there: PYTHONPATH, random weights, tests, bench; logs into OUT_DIR
+#   bench/gpu_check.sh OUT_DIR [STAGES]     # there: PYTHONPATH, random weights, then STAGES (default
+#                                           # tests,engine,fast; split them across calls when one call's time is short)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +25,7 @@ print(load_model('smollm2', Settings().cache_dir).path)")
 fi
 
 out=${1:-/tmp/gpu-check}
+stages=",${2:-tests,engine,fast},"
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
@@ -32,7 +35,7 @@ nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"
 
-python3 - <<'EOF' || exit 1
+[ -f /tmp/smollm2-random/config.json ] || python3 - <<'EOF' || exit 1
 import shutil, torch, transformers
 torch.manual_seed(0)
 config = transformers.AutoConfig.from_pretrained(".gpu/smollm2")
@@ -43,6 +46,14 @@ for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"
 print("random weights:", sum(p.numel() for p in model.parameters()), "parameters")
 EOF
 
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
-timeout 330 python3 bench/engine.py --device cuda --engines mainspring,transformers --threads 4 \
-  --out "$out/engine_cuda.json" 2>&1 | tee "$out/bench.txt"
+if [[ $stages == *,tests,* ]]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
+fi
+if [[ $stages == *,engine,* ]]; then
+  timeout 300 python3 bench/engine.py --device cuda --engines mainspring,transformers --threads 4 \
+    --out "$out/engine_cuda.json" 2>&1 | tee "$out/bench.txt"
+fi
+if [[ $stages == *,fast,* ]]; then
+  timeout 150 python3 bench/fast_variant.py --device cuda --engines plain,int4,fast --threads 4 --repeats 2 \
+    --out "$out/fast_variant_cuda.json" 2>&1 | tee "$out/fast_variant.txt"
+fi

@@ -72,15 +72,22 @@ class LLMEngine:
         check_supported(self.placement, quantization=self.config.quantization,
                         kv_policy=self.config.kv_policy is not None, kv_disk=self.config.kv_disk_cache_mb > 0)
         on_cuda = self.placement.device.type == "cuda"
-        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict, self.placement.dtype)
-        if on_cuda:
+        # quantized weights come from the fp32 ones in every precision (one cached form per model): the model is
+        # built in fp32 on the CPU, quantized for the device, then placed there in the engine's dtype
+        quantizing = self.config.quantization is not None
+        self.model = CausalLM.from_weights(loaded.config, loaded.state_dict,
+                                           torch.float32 if quantizing else self.placement.dtype)
+        if on_cuda and not quantizing:
             self.model.to(self.placement.device)
         # int4 weight-only linears when asked (cached on disk), before the runner and the drafter see the model
-        shared = dict(share_prefill_with.model.named_modules()) \
-            if share_prefill_with is not None and share_prefill_with.placement.device == self.placement.device else None
+        shared = dict(share_prefill_with.model.named_modules()) if share_prefill_with is not None and not on_cuda \
+            and share_prefill_with.placement.device == self.placement.device else None
         self.quant_report = quantize_for_engine(self.model, loaded.path, self.config.quantization,
                                                 self.config.quant_group_size,
-                                                dense_prefill=self.config.quant_dense_prefill, shared=shared)
+                                                dense_prefill=self.config.quant_dense_prefill, shared=shared,
+                                                device=self.placement.device)
+        if quantizing:
+            self.model.place(self.placement.device, self.placement.dtype)
         # the linears left in the model's dtype run on the fastest kernel of this CPU (oneDNN or MKL prepacked, or
         # torch's): fp32, or bf16 where oneDNN packs it (AMX or AVX512-BF16: MKL has no bf16 GEMM to fall back on)
         dtype = self.placement.dtype

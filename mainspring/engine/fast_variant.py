@@ -1,6 +1,6 @@
 """The `-fast` model variant: the same weights and tokenizer, run by an engine configured for
 single-stream speed: the weight format this CPU runs fastest within an accuracy bound (measured at
-first start and cached, engine/kernel_choice.py) plus speculative decoding.
+first start and cached, engine/kernel_choice.py), or on CUDA int4 (torch's CUDA kernel), plus speculative decoding.
 
 When no quantized format beats fp32 on the CPU, the fast engine keeps the standard weights and
 still decodes speculatively, so it is never slower than the standard one; the log, /health and
@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import torch
+
 from mainspring.config import Settings, get_settings
 from mainspring.engine.config import EngineConfig
 from mainspring.engine.engine import LLMEngine
 from mainspring.engine.kernel_choice import FP32, KernelChoice, choose_kernel
 from mainspring.engine.loader import LoadedModel, load_model
-from mainspring.engine.placement import resolve_placement
+from mainspring.engine.placement import Placement, resolve_placement
 from mainspring.engine.quant_cache import QUANTIZATION_METHODS
 from mainspring.engine.speculative import SpeculativeConfig
 
@@ -43,28 +45,45 @@ def fast_speculative(settings: Settings) -> SpeculativeConfig | None:
     return SpeculativeConfig.parse(s) if s.strip() else FAST_SPECULATIVE
 
 
-def fast_engine_config(settings: Settings | None = None, quantization: str | None = "int4") -> EngineConfig:
-    """The plain engine's options from `settings`, plus `quantization` (None: the standard fp32
-    weights) and speculative decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty;
-    "off" turns it off)."""
+def fast_engine_config(settings: Settings | None = None, quantization: str | None = "int4",
+                       device_type: str = "cpu") -> EngineConfig:
+    """The plain engine's options from `settings`, plus `quantization` (None: the standard weights) and speculative
+    decoding (MAINSPRING_FAST_SPECULATIVE, FAST_SPECULATIVE when empty; "off" turns it off)."""
     s = settings or get_settings()
-    # fp32 activations whatever MAINSPRING_DTYPE says: its quantized linears run fp32 only
-    # int4 layers keep a dense copy for prefill: its time to first token is the standard engine's, not the
-    # int4 kernel's (2x slower than fp32 from 16 rows on without native bf16)
-    return dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization,
-                               speculative=fast_speculative(s), dtype="fp32", quant_dense_prefill=True)
+    config = dataclasses.replace(EngineConfig.from_settings(s), quantization=quantization,
+                                 speculative=fast_speculative(s))
+    if device_type == "cuda":  # the engine's precision; the int4 kernel takes bf16 activations and runs prefill too
+        return config
+    # on the CPU fp32 activations whatever MAINSPRING_DTYPE says, and int4 layers keep a dense copy for prefill: its
+    # time to first token is the standard engine's, not the int4 kernel's (2x slower than fp32 from 16 rows on
+    # without native bf16)
+    return dataclasses.replace(config, dtype="fp32", quant_dense_prefill=True)
 
 
-def fast_kernel(settings: Settings, loaded: LoadedModel) -> KernelChoice:
-    """What MAINSPRING_FAST_KERNEL asks for: a pinned format, or ("auto") the measured choice."""
+def fast_kernel(settings: Settings, loaded: LoadedModel, device_type: str = "cpu") -> KernelChoice:
+    """What MAINSPRING_FAST_KERNEL asks for: a pinned format, or ("auto") the measured choice on the CPU and int4
+    with bf16 activations on CUDA."""
     wanted = settings.fast_kernel.strip().lower()
     if wanted not in FAST_KERNELS:
         raise ValueError(f"MAINSPRING_FAST_KERNEL={settings.fast_kernel!r}: expected one of {', '.join(FAST_KERNELS)}")
     if wanted != "auto":
         return KernelChoice(wanted, "pinned by MAINSPRING_FAST_KERNEL")
+    if device_type == "cuda":
+        return cuda_fast_kernel(resolve_placement(settings.device, settings.dtype))
     spec = fast_speculative(settings)
     return choose_kernel(loaded, settings.cache_dir, threads=settings.resolved_threads(),
                          verify_rows=(spec.k + 1) if spec is not None else 1)
+
+
+def cuda_fast_kernel(placement: Placement) -> KernelChoice:
+    """int4 with bf16 activations where torch's CUDA int4 kernel runs (compute capability 8.0 and up), else the
+    standard weights ("fp32" names them whatever their precision, as on the CPU)."""
+    major, minor = torch.cuda.get_device_capability(placement.device)
+    if major < 8:
+        return KernelChoice(FP32, f"torch's CUDA int4 kernel needs compute capability 8.0; this GPU has "
+                                  f"{major}.{minor}")
+    return KernelChoice("int4-bf16", "on CUDA: torch's int4 kernel, the one weight format with a CUDA kernel here "
+                        "(not yet timed against the standard weights on a GPU)")
 
 
 def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | None = None,
@@ -77,26 +96,16 @@ def build_fast_engine(settings: Settings | None = None, loaded: LoadedModel | No
         raise ValueError("a standard engine to share prefill with needs the LoadedModel it was built from")
     s = settings or get_settings()
     loaded = loaded or load_model(s.model, s.cache_dir)
-    placement = resolve_placement(s.device, s.dtype)
-    if placement.device.type == "cuda":
-        # int4/int8 weights are CPU kernels so far, and speculation has not been timed on a GPU (it runs there, by
-        # MAINSPRING_SPECULATIVE): until it is, the -fast name on a GPU is the standard engine
-        choice = KernelChoice(placement.dtype_name, "on CUDA the -fast variant runs the standard engine's weights "
-                              "and decoding (its int4 kernels are CPU-only so far, and speculation is not timed "
-                              "on a GPU yet)")
-        config = EngineConfig.from_settings(s)
-    else:
-        choice = fast_kernel(s, loaded)
-        config = fast_engine_config(s, choice.quantization)
+    device_type = resolve_placement(s.device, s.dtype).device.type
+    choice = fast_kernel(s, loaded, device_type)
+    config = fast_engine_config(s, choice.quantization, device_type)
     engine = LLMEngine(loaded, config, share_prefill_with=standard)
     engine.name = loaded.name + FAST_SUFFIX
     engine.kernel_choice = choice
     ms = ", ".join(f"{k} {v:.2f} ms" for k, v in choice.ms_per_step.items())
     log.info("fast variant ready: %s on %s weights (%s%s; %s), speculative %s", engine.name, choice.name,
              choice.reason, ", cached" if choice.from_cache else "", ms or "not measured", config.speculative)
-    if engine.placement.device.type == "cuda":
-        log.warning("%s: %s", engine.name, choice.reason)
-    elif choice.name == FP32:
-        log.warning("%s runs the standard fp32 weights (%s): only speculative decoding makes it faster",
-                    engine.name, choice.reason)
+    if choice.name == FP32:
+        log.warning("%s runs the standard weights (%s): only speculative decoding makes it faster", engine.name,
+                    choice.reason)
     return engine

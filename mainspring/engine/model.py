@@ -147,6 +147,18 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @torch.no_grad()
+    def place(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Move to `device` and cast the dense weights (the parameters) to `dtype`, keeping tied ones tied; buffers
+        keep their dtype (the RoPE tables stay fp32, quantized layers keep their packed form)."""
+        self.to(device)
+        cast: dict[int, nn.Parameter] = {}
+        for module in self.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                if param.dtype != dtype:
+                    new = cast.setdefault(id(param), nn.Parameter(param.to(dtype), requires_grad=False))
+                    setattr(module, name, new)
+
 
 def _take(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in sd:

@@ -2,9 +2,11 @@
 
 `auto` is CUDA with bf16 when torch sees a GPU, else the CPU with fp32 (the path every test and bench of the CPU
 engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
-masks' application live on the device; the options whose kernels are CPU-only so far (int4/int8 weights, KV
-policies and tiers) are refused there by name. In bf16 and fp16 on the CPU, KV policies run (their attention casts
-the window to fp32), and int4/int8 weights and the fp32 KV disk tier are refused. Speculative decoding runs in
+masks' application live on the device; int4 weights run there on torch's CUDA int4 kernel (tensor cores: compute
+capability 8.0 and up), while the options whose kernels are CPU-only so far (int8 and bf16-packed weights, int4
+with fp32 activations, KV policies and tiers) are refused there by name. In bf16 and fp16 on the CPU, KV policies
+run (their attention casts the window to fp32), quantized weights run (quantized from the fp32 weights, so the
+cached forms are the same in every precision), and the fp32 KV disk tier is refused. Speculative decoding runs in
 every precision and on every device: its proposers and verifier are torch ops on the logits' device
 (engine/speculative.py). A precision other than fp32 covers the weights, the activations and the paged KV cache;
 logits are returned in fp32 so the sampler and grammar masks work the same in every precision. Combinations the
@@ -22,6 +24,8 @@ from mainspring.engine.errors import EngineError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE = re.compile(r"^(auto|cpu|cuda(?::\d+)?)$")
+# the weight formats torch has a CUDA kernel for: int4 with bf16 activations (`_weight_int4pack_mm`, engine/quant.py)
+CUDA_QUANTIZED = ("int4", "int4-bf16")
 
 
 class PlacementError(EngineError, ValueError):
@@ -67,18 +71,25 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
 
 def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, kv_disk: bool) -> None:
     """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision."""
-    quantized = (quantization is not None, f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION")
+    on_cuda = placement.device.type == "cuda"
+    quantized = (quantization is not None and quantization not in CUDA_QUANTIZED,
+                 f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION")
     policy = (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY")
     disk = (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB")
-    if placement.device.type == "cuda":
+    if on_cuda:
         for on, what, setting in (quantized, policy, disk):
             if on:
+                also = f" ({' and '.join(CUDA_QUANTIZED)} run on CUDA)" if setting == quantized[2] else ""
                 raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with {what}: those kernels run on the "
-                                     f"CPU only so far; unset {setting} or use MAINSPRING_DEVICE=cpu")
+                                     f"CPU only so far{also}; unset {setting} or use MAINSPRING_DEVICE=cpu")
+        if quantization is not None and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(placement.device)
+            if major < 8:
+                raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with quantization {quantization!r}: "
+                                     f"torch's CUDA int4 kernel needs compute capability 8.0 or newer (this GPU has "
+                                     f"{major}.{minor}); unset MAINSPRING_QUANTIZATION")
     if placement.is_fp32:
         return
-    name = placement.dtype_name
-    for on, what, setting in (quantized, disk):  # a KV policy's attention runs in fp32 over any cache
-        if on:
-            raise PlacementError(f"MAINSPRING_DTYPE={name} with {what}: those kernels run fp32 only; unset "
-                                 f"{setting} or use MAINSPRING_DTYPE=fp32")
+    if kv_disk:  # a KV policy's attention runs in fp32 over any cache; quantized layers take any activations
+        raise PlacementError(f"MAINSPRING_DTYPE={placement.dtype_name} with {disk[1]}: its block files hold fp32 "
+                             f"only; unset {disk[2]} or use MAINSPRING_DTYPE=fp32")

@@ -11,6 +11,9 @@ The kernel is `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size,
                     a CPU-specific tile layout (so the disk cache stores the portable form below)
   scales_and_zeros  [K/group, N, 2] in x's dtype; the kernel computes (q - 8) * scale + zero,
                     so zero = min + 8 * scale
+On CUDA it is `_weight_int4pack_mm` (gpt-fast's "tinygemm", tensor cores, sm80 and up) over the same
+scales_and_zeros in bf16, with bf16 activations only; its packing `_convert_weight_to_int4pack(uint8 [N, K/2],
+inner_k_tiles)` takes two codes a byte like the portable form but column 2j in the *high* nibble.
 Measured on the development machine (Xeon, AVX512-BF16 + AMX, torch 2.13, 1 thread, loaded):
 with bf16 activations the kernel beats fp32 `F.linear` 1.4-3.6x at 1 row and 1.5-4x at 5 rows;
 with fp32 activations it is 15-20x *slower* (an unvectorised path). The same holds without native
@@ -99,6 +102,10 @@ class Int4Weight:
         return Int4Weight(self.codes[start:stop], self.scales[start:stop], self.mins[start:stop], self.group_size,
                           self.passes)
 
+    def to(self, device: torch.device) -> "Int4Weight":
+        return Int4Weight(self.codes.to(device), self.scales.to(device), self.mins.to(device), self.group_size,
+                          self.passes)
+
 
 def unsupported_reason(out_features: int, in_features: int, group_size: int) -> str | None:
     """Why the int4 kernel cannot take a [out_features, in_features] weight, or None if it can."""
@@ -183,7 +190,10 @@ def dense_prefill_dtype() -> torch.dtype:
 
 
 def pack_for_kernel(q: Int4Weight, slice_rows: int = _SLICE_ROWS) -> torch.Tensor:
-    """The kernel's CPU-specific uint8 layout of the stored codes, [N, passes * K / 2]."""
+    """The kernel's layout of the stored codes for the device they are on: on the CPU uint8 [N, passes * K / 2], on
+    CUDA int32 tiles [N / 8, passes * K / (16 * inner_k_tiles), 32, inner_k_tiles / 2]."""
+    if q.codes.device.type == "cuda":
+        return torch.ops.aten._convert_weight_to_int4pack(high_nibble_first(q.codes), cuda_inner_k_tiles(q))
     slices = []
     for i in range(0, q.stored_shape[0], slice_rows):
         codes = unpack_codes(q.rows(i, i + slice_rows)).to(torch.int32)
@@ -191,8 +201,19 @@ def pack_for_kernel(q: Int4Weight, slice_rows: int = _SLICE_ROWS) -> torch.Tenso
     return torch.cat(slices)
 
 
+def high_nibble_first(codes: torch.Tensor) -> torch.Tensor:
+    """The portable codes (column 2j in the low nibble) in the CUDA packing's byte order (column 2j in the high)."""
+    return ((codes << 4) | (codes >> 4)).contiguous()
+
+
+def cuda_inner_k_tiles(q: Int4Weight) -> int:
+    """The most 16-column k-tiles (8, 4 or 2) the CUDA kernel can load at once that divide the stored K."""
+    k = q.stored_shape[1]
+    return next(t for t in (8, 4, 2) if k % (16 * t) == 0)  # K is a multiple of the group size, so of 32
+
+
 def _dequantize_sliced(q: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=dtype)
+    out = torch.empty(q.shape, dtype=dtype, device=q.codes.device)
     for i in range(0, q.shape[0], _SLICE_ROWS):
         out[i : i + _SLICE_ROWS] = dequantize_int4(q.rows(i, i + _SLICE_ROWS), dtype)
     return out
@@ -214,23 +235,30 @@ class Int4Linear(nn.Module):
 
     def __init__(self, q: Int4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None,
                  dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS,
-                 shared: SharedLinear | None = None) -> None:
+                 shared: SharedLinear | None = None, device: torch.device | str | None = None) -> None:
+        """`device`: where the layer runs (default: where `q` is); its buffers are packed for that device's kernel."""
         super().__init__()
+        device = torch.device(device) if device is not None else q.codes.device
+        q = q.to(device)
+        on_cuda = device.type == "cuda"
+        if on_cuda and compute_dtype not in (None, torch.bfloat16):
+            raise ValueError(f"the CUDA int4 kernel takes bf16 activations, not {compute_dtype}")
         self.out_features, self.in_features = q.shape
         self.group_size = q.group_size
         self.passes = q.passes
-        self.compute_dtype = compute_dtype or default_compute_dtype()
+        self.compute_dtype = torch.bfloat16 if on_cuda else compute_dtype or default_compute_dtype()
         self.kernel_max_rows = kernel_max_rows
         self.register_buffer("packed", pack_for_kernel(q))
         zeros = q.mins + _MID_CODE * q.scales  # the kernel's zero point for code 8
         sz = torch.stack([q.scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [K/g, N, 2]
         self.register_buffer("scales_and_zeros", sz.to(self.compute_dtype))
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().to(device, copy=True))
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
-            dense_prefill = native_bf16()
+            dense_prefill = native_bf16() and not on_cuda
         # another engine's linear over the same weight runs the prefill rows (shared_prefill.py): no copy of its own
-        self.shared = shared
-        dense = _dequantize_sliced(q, dense_prefill_dtype()) if dense_prefill and shared is None else None
+        self.shared = shared if not on_cuda else None
+        dense_dtype = torch.bfloat16 if on_cuda else dense_prefill_dtype()
+        dense = _dequantize_sliced(q, dense_dtype) if dense_prefill and self.shared is None else None
         # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
         # prefill sizes, engine/linear_kernel.py); MKL's own packing gains only at a few rows, which prefill never is
         self.dense_packed: PackedLinear | None = None
@@ -238,6 +266,7 @@ class Int4Linear(nn.Module):
                 == "onednn":
             self.dense_packed, dense = PackedLinear(dense), None
         self.register_buffer("dense_weight", dense)
+        self._mm = torch.ops.aten._weight_int4pack_mm if on_cuda else torch.ops.aten._weight_int4pack_mm_for_cpu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -253,11 +282,10 @@ class Int4Linear(nn.Module):
             xc = x2.to(self.compute_dtype)
             if self.passes == 2:  # [x, x] @ [W1, W2]^T = x @ (W1 + W2)^T in one kernel call
                 xc = torch.cat([xc, xc], dim=1)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, self.packed, self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype)
+            y = self._mm(xc.contiguous(), self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*lead, self.out_features)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
@@ -294,10 +322,11 @@ def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, inclu
                    two_pass: tuple[str, ...] = DEFAULT_TWO_PASS, weights: dict[str, Int4Weight] | None = None,
                    compute_dtype: torch.dtype | None = None,
                    dense_prefill: bool | None = None, shared: Mapping[str, nn.Module] | None = None,
-                   ) -> tuple[QuantReport, dict[str, Int4Weight]]:
+                   device: torch.device | None = None) -> tuple[QuantReport, dict[str, Int4Weight]]:
     """Replace the model's linears by `Int4Linear`s, in place; those named in `two_pass` get two
     int4 passes (~8-bit, see `Int4Weight`). A layer that would keep a dense copy for prefill runs another
     engine's linear of the same name from `shared` instead where that computes the same weight (shared_prefill.py).
+    `device`: where the int4 layers run (default: where each linear's weight is).
 
     `weights` are already-quantized forms by module name (from the disk cache); missing ones are
     quantized here. Linears whose shape the kernel cannot take stay fp32, with the reason logged
@@ -328,7 +357,7 @@ def quantize_model(model: nn.Module, group_size: int = DEFAULT_GROUP_SIZE, inclu
             report.shared_prefill.append(name)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, Int4Linear(q, linear.bias, compute_dtype, dense_prefill,
-                                                              shared=share))
+                                                              shared=share, device=device or linear.weight.device))
         report.quantized.append(name)
     _log_kept(report.kept_fp32)
     report.seconds = time.perf_counter() - start

@@ -105,7 +105,8 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
                         group_size: int = DEFAULT_GROUP_SIZE, include_lm_head: bool = True,
                         two_pass: tuple[str, ...] = DEFAULT_TWO_PASS,
                         compute_dtype: torch.dtype | None = None, dense_prefill: bool | None = None,
-                        shared: Mapping[str, nn.Module] | None = None) -> QuantReport:
+                        shared: Mapping[str, nn.Module] | None = None, device: torch.device | None = None,
+                        ) -> QuantReport:
     """`quantize_model`, taking the int4 forms from the disk cache when there is one and writing
     it when there was not. `source_dir` None (weights not from a folder) means no caching."""
     start = time.perf_counter()
@@ -115,7 +116,8 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
         path = quant_cache_file(cache_dir, source_dir, group_size, include_lm_head, two_pass)
         cached = load_int4_weights(path, group_size)
     report, forms = quantize_model(model, group_size, include_lm_head, two_pass, weights=cached,
-                                   compute_dtype=compute_dtype, dense_prefill=dense_prefill, shared=shared)
+                                   compute_dtype=compute_dtype, dense_prefill=dense_prefill, shared=shared,
+                                   device=device)
     report.cache_file = str(path) if path else None
     report.from_cache = cached is not None and report.num_quantized_now == 0
     if path is not None and report.num_quantized_now:
@@ -133,10 +135,11 @@ def quantize_with_cache(model: nn.Module, source_dir: Path | None, cache_dir: Pa
 def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str | None,
                         group_size: int = DEFAULT_GROUP_SIZE, cache_dir: Path | None = None,
                         dense_prefill: bool | None = None,
-                        shared: Mapping[str, nn.Module] | None = None) -> QuantReport | None:
+                        shared: Mapping[str, nn.Module] | None = None,
+                        device: torch.device | None = None) -> QuantReport | None:
     """What `EngineConfig.quantization` asks for: None leaves the model fp32; an int4 method
-    quantizes it (cached under `cache_dir`, default get_settings().cache_dir; `dense_prefill` and `shared`: see
-    quant.Int4Linear and quant.quantize_model); "int8" and "bf16" need no cache."""
+    quantizes it (cached under `cache_dir`, default get_settings().cache_dir; `dense_prefill`, `shared` and `device`:
+    see quant.Int4Linear and quant.quantize_model); "int8" and "bf16" need no cache and run on the CPU only."""
     if not method:
         return None
     if method not in QUANTIZATION_METHODS:
@@ -162,4 +165,4 @@ def quantize_for_engine(model: nn.Module, source_dir: Path | None, method: str |
 
         cache_dir = get_settings().cache_dir
     return quantize_with_cache(model, source_dir, cache_dir, group_size, compute_dtype=_INT4_COMPUTE[method],
-                               dense_prefill=dense_prefill, shared=shared)
+                               dense_prefill=dense_prefill, shared=shared, device=device)

@@ -1,6 +1,7 @@
 """The engine on CUDA (skipped without a GPU): weights, paged KV and the step's index tensors on the device, in
-bf16; its logits against transformers on the same GPU and the same weights, and greedy decoding that gives the
-same tokens alone and in a batch.
+bf16; its logits against transformers on the same GPU and the same weights, greedy decoding that gives the
+same tokens alone and in a batch, CUDA graphs, speculative decoding, and int4 layers on torch's CUDA kernel (the
+-fast variant there).
 
 The model is the configured one (MAINSPRING_MODEL: the embedded model, or a Hugging Face folder; the GPU script
 bench/gpu_check.sh points it at a folder of random weights in the embedded model's shape, as nothing can be
@@ -164,3 +165,44 @@ def test_speculative_decoding_on_the_gpu_keeps_the_plain_greedy_picks(engine, lo
         assert max(greedy_gaps(engine, prompt, out.token_ids)) <= 0.5, (method, out.token_ids)
     assert all(len(o.token_ids) == 32 for o in outs)
     assert drafting.spec.num_draft_tokens > 0 and drafting.model.embed_tokens.weight.is_cuda
+
+
+def test_int4_layers_on_the_gpu_compute_their_dequantized_weight():
+    """torch's CUDA int4 kernel over the portable form (its own packing: column 2j in the high nibble, the widest
+    k-tiles that divide K): the dequantized weight's product up to bf16 activations, at decode and prefill rows."""
+    from mainspring.engine.quant import Int4Linear, cuda_inner_k_tiles, dequantize_int4, quantize_int4
+
+    g = torch.Generator().manual_seed(0)
+    for k, passes in ((576, 1), (576, 2), (1536, 1)):
+        q = quantize_int4(torch.randn(960, k, generator=g) * 0.02, 32, passes)
+        bias = torch.randn(960, generator=g)
+        layer = Int4Linear(q, bias, device="cuda")
+        assert layer.packed.is_cuda and layer.packed.shape[-1] == cuda_inner_k_tiles(q) // 2
+        for rows in (1, 6, 40):
+            x = torch.randn(rows, k, generator=g)
+            want = x @ dequantize_int4(q).T + bias
+            got = layer(x.to("cuda", torch.bfloat16)).float().cpu()
+            assert ((got - want).norm() / want.norm()).item() < 1e-2, (k, passes, rows)
+
+
+def test_the_fast_variant_on_the_gpu_runs_int4_with_ngram_drafts(loaded):
+    """The -fast engine on CUDA: int4 layers on the GPU kernel, n-gram speculation, the engine's bf16. Every greedy
+    token is the pick of the same int4 weights run on the CPU (bf16 activations there too), up to bf16 rounding."""
+    from mainspring.config import Settings
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.fast_variant import build_fast_engine
+    from mainspring.engine.params import SamplingParams
+    from mainspring.engine.quant import Int4Linear
+    from tests.engine.test_speculative import greedy_gaps
+
+    fast = build_fast_engine(Settings(device="cuda", dtype="bf16", kv_cache_mb=256), loaded)
+    assert fast.kernel_choice.name == "int4-bf16" and fast.config.speculative.method == "ngram"
+    assert isinstance(fast.model.lm_head, Int4Linear) and fast.model.lm_head.packed.is_cuda
+    assert fast.model.embed_tokens.weight.is_cuda and fast.model.embed_tokens.weight.dtype == torch.bfloat16
+    on_cpu = LLMEngine(loaded, EngineConfig(device="cpu", dtype="bf16", quantization="int4-bf16", kv_cache_mb=64))
+    prompts = [fast.tokenizer.encode(p) for p in PROMPTS + ["one two three four five one two three four five one"]]
+    outs = fast.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert max(greedy_gaps(on_cpu, prompt, out.token_ids)) <= 0.5, out.token_ids
+    assert fast.spec.num_draft_tokens > 0 and all(len(o.token_ids) == 32 for o in outs)

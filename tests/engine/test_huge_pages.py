@@ -187,7 +187,8 @@ print(json.dumps({"same": torch.equal(model(x), before), "buffer": torch.ops.mkl
 
 @pytest.mark.skipif(not mkl_available(), reason="this torch build has no MKL packed linear (x86 only)")
 def test_mkl_packs_are_collapsed_only_where_filled():
-    # MKL's pack buffer is ~2-3x what it fills: a collapse over the empty part would fill it (RSS for nothing)
+    # MKL's pack buffer is larger than what it fills (1.7x on an AMD EPYC, 2-3x on Intel Xeons): a collapse over the
+    # empty part would fill it (RSS for nothing)
     import json
     import subprocess
     import sys
@@ -196,9 +197,9 @@ def test_mkl_packs_are_collapsed_only_where_filled():
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["same"]
-    filled = 2048 * 1024 * 4  # 8 MiB packed into a buffer of ~18-24
-    assert got["buffer"] > 2 * filled
+    filled = 2048 * 1024 * 4  # 8 MiB packed into a buffer of ~14-24
     page = got["page"]
+    assert got["buffer"] - filled > 2 * page  # more left empty than the bound below allows to be collapsed
     assert got["collapsing"] * page <= filled + 2 * page  # not the ~10-16 MiB the pack never filled
     assert 0 <= got["collapsed"] <= got["collapsing"]  # best effort: the kernel may refuse some
 

@@ -1,6 +1,8 @@
 """MAINSPRING_DEVICE / MAINSPRING_DTYPE: resolved once, refused by name when this machine or this engine cannot run
 them, and a bf16 engine on the embedded model that keeps weights and KV in bf16 and answers like the fp32 one."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,12 +49,14 @@ def test_cuda_without_a_gpu_is_refused_and_with_one_auto_is_cuda_in_bf16(monkeyp
 
 
 @pytest.mark.parametrize("option,setting", [
-    (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
+    (dict(quantization="int8"), "MAINSPRING_QUANTIZATION"), (dict(quantization="int4-fp32"), "MAINSPRING_QUANTIZATION"),
+    (dict(quantization="bf16"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
     (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
 ])
-def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting):
+def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting, monkeypatch):
     from mainspring.engine.placement import Placement
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     kwargs = dict(quantization=None, kv_policy=False, kv_disk=False)
     for dtype in (torch.float32, torch.bfloat16):
         cuda = Placement(torch.device("cuda"), dtype)  # built directly: no GPU is needed to refuse
@@ -61,22 +65,41 @@ def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting):
             check_supported(cuda, **(kwargs | option))
 
 
-@pytest.mark.parametrize("option,setting", [
-    (dict(quantization="int4"), "MAINSPRING_QUANTIZATION"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
-])
-def test_fp32_only_options_are_refused_in_bf16(option, setting):
-    kwargs = dict(quantization=None, kv_policy=False, kv_disk=False) | option
+def test_int4_runs_on_cuda_where_the_gpu_has_its_kernel(monkeypatch):
+    from mainspring.engine.placement import Placement
+
+    kwargs = dict(kv_policy=False, kv_disk=False)
+    cuda = Placement(torch.device("cuda"), torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for method in ("int4", "int4-bf16"):
+        check_supported(cuda, quantization=method, **kwargs)
+    with pytest.raises(PlacementError, match="int4 and int4-bf16 run on CUDA"):
+        check_supported(cuda, quantization="int8", **kwargs)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    with pytest.raises(PlacementError, match=r"compute capability 8.0 or newer \(this GPU has 7.5\)"):
+        check_supported(cuda, quantization="int4", **kwargs)
+
+
+def test_only_the_kv_disk_tier_is_refused_in_bf16():
+    kwargs = dict(quantization=None, kv_policy=False, kv_disk=True)
     check_supported(resolve_placement("cpu", "fp32"), **kwargs)  # fp32 runs them all
-    with pytest.raises(PlacementError, match=setting):
-        check_supported(resolve_placement("cpu", "bf16"), **kwargs)
-    check_supported(resolve_placement("cpu", "bf16"), quantization=None, kv_policy=True, kv_disk=False)  # runs
+    for dtype in ("bf16", "fp16"):
+        with pytest.raises(PlacementError, match=f"MAINSPRING_DTYPE={dtype} with the KV disk tier"):
+            check_supported(resolve_placement("cpu", dtype), **kwargs)
+        for method in ("int4", "int4-fp32", "int8", "bf16"):  # quantized layers take any activations
+            check_supported(resolve_placement("cpu", dtype), quantization=method, kv_policy=True, kv_disk=False)
 
 
-def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32():
+def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32_on_the_cpu():
     s = Settings(device="cpu", dtype="bf16")
     config = EngineConfig.from_settings(s)
     assert (config.device, config.dtype) == ("cpu", "bf16")
     assert fast_engine_config(s).dtype == "fp32"  # its int4 linears take fp32 activations
+    assert fast_engine_config(s).quant_dense_prefill
+    on_cuda = fast_engine_config(Settings(device="cuda", dtype="bf16"), "int4-bf16", device_type="cuda")
+    assert (on_cuda.dtype, on_cuda.quantization, on_cuda.quant_dense_prefill) == ("bf16", "int4-bf16", None)
+    assert on_cuda.speculative is not None and on_cuda.speculative.method == "ngram"
 
 
 @pytest.mark.slow
@@ -97,7 +120,32 @@ def test_a_bf16_engine_keeps_weights_and_kv_in_bf16_and_answers(embedded):
     assert ours.token_ids[:3] == ref.token_ids[:3]  # bf16 rounding may part ways later, not at once
     again = bf16.generate([prompt], greedy)[0]  # from the prefix cache, in bf16 blocks
     assert again.usage.cached_tokens > 0 and again.token_ids == ours.token_ids
-    with pytest.raises(PlacementError, match="MAINSPRING_QUANTIZATION"):
-        LLMEngine(embedded, EngineConfig(dtype="bf16", quantization="int4"))
     drafting = LLMEngine(embedded, EngineConfig(kv_cache_mb=16, dtype="bf16", speculative=SpeculativeConfig("ngram")))
     assert drafting.spec is not None  # runs in bf16 (tests/engine/test_speculative.py checks its tokens)
+
+
+@pytest.mark.slow
+def test_int4_in_bf16_runs_the_fp32_engines_int4_layers_and_keeps_their_greedy_picks(embedded):
+    """The model is quantized from its fp32 weights in every precision (the cached forms are one per model), then
+    the rest is cast: the same int4 layers as the fp32 engine's, bf16 embeddings and KV, RoPE tables kept fp32.
+    Its greedy tokens are the fp32 int4 engine's picks up to bf16 rounding (a kept wrong token is nats below)."""
+    from mainspring.engine.quant import Int4Linear
+    from tests.engine.test_speculative import greedy_gaps
+
+    config = EngineConfig(kv_cache_mb=16, max_num_batched_tokens=256, quantization="int4")
+    fp32 = LLMEngine(embedded, config)
+    bf16 = LLMEngine(embedded, dataclasses.replace(config, dtype="bf16"))
+    assert bf16.quant_report.cache_file == fp32.quant_report.cache_file and bf16.quant_report.from_cache
+    assert len(bf16.quant_report.quantized) == 121 and isinstance(bf16.model.lm_head, Int4Linear)
+    for name in ("layers.0.self_attn.qkv_proj", "layers.29.mlp.down_proj", "lm_head"):
+        ours, theirs = bf16.model.get_submodule(name), fp32.model.get_submodule(name)
+        assert torch.equal(ours.packed, theirs.packed) and torch.equal(ours.scales_and_zeros, theirs.scales_and_zeros)
+    assert bf16.model.embed_tokens.weight.dtype == torch.bfloat16 and bf16.model.norm.weight.dtype == torch.bfloat16
+    assert bf16.model.rope.cos.dtype == torch.float32 and bf16.runner.cache.dtype == torch.bfloat16
+    assert not plain_linears(bf16.model, torch.float32)
+    tok = bf16.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+               for q in ("What is the capital of France?", "Name three colours.")] + [tok.encode("1, 2, 3, 4, 5,")]
+    outs = bf16.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    gaps = [max(greedy_gaps(fp32, p, o.token_ids)) for p, o in zip(prompts, outs)]
+    assert max(gaps) <= 0.5, (gaps, [o.text for o in outs])  # the first answer's first token is a near tie

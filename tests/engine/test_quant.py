@@ -16,8 +16,8 @@ from mainspring.engine.attention import AttentionMetadata
 from mainspring.engine.config import EngineConfig, ModelConfig, parse_quantization
 from mainspring.engine.model import CausalLM
 from mainspring.engine.quant import (
-    KERNEL_MAX_ROWS, Int4Linear, dequantize_int4, pack_for_kernel, quantize_int4, quantize_model, unpack_codes,
-    unsupported_reason,
+    KERNEL_MAX_ROWS, Int4Linear, cuda_inner_k_tiles, dequantize_int4, high_nibble_first, pack_for_kernel,
+    quantize_int4, quantize_model, unpack_codes, unsupported_reason,
 )
 from mainspring.engine.quant_cache import quant_cache_file, quantize_for_engine, quantize_with_cache
 
@@ -207,6 +207,34 @@ def test_tied_lm_head_is_quantized_but_the_embedding_stays_fp32():
     assert model.embed_tokens.weight.dtype == FP32 and torch.equal(model.embed_tokens.weight, embed)
     report, _ = quantize_model(tiny_model(vocab=96), group_size=32, include_lm_head=False)
     assert "lm_head" not in report.quantized and "lm_head" not in report.kept_fp32
+
+
+def test_the_cuda_packing_gets_column_2j_in_the_high_nibble_and_the_widest_k_tiles():
+    """torch's CUDA packing reads byte j of a row as (column 2j << 4) | column 2j+1; the portable form holds them the
+    other way round (tests/engine/test_cuda.py runs the kernel)."""
+    torch.manual_seed(0)
+    q = quantize_int4(torch.randn(32, 576), 32)
+    codes, swapped = unpack_codes(q), high_nibble_first(q.codes)
+    assert swapped.dtype == torch.uint8 and swapped.shape == q.codes.shape and swapped.is_contiguous()
+    assert torch.equal(swapped >> 4, codes[:, 0::2]) and torch.equal(swapped & 0xF, codes[:, 1::2])
+    assert [cuda_inner_k_tiles(quantize_int4(torch.zeros(16, k), 32, passes)) for k, passes in
+            ((576, 1), (576, 2), (1536, 1), (96, 1))] == [4, 8, 8, 2]
+
+
+def test_a_model_quantized_in_fp32_then_placed_in_bf16_keeps_its_int4_layers_and_ties():
+    """CausalLM.place after quantizing, as a bf16 engine does: dense weights cast (a tied head stays tied), int4
+    layers and RoPE tables as they were, logits within bf16 rounding of the fp32 int4 model's."""
+    ref, model = tiny_model(vocab=96), tiny_model(vocab=96)
+    for m in (ref, model):
+        m.lm_head.weight = m.embed_tokens.weight
+        quantize_model(m, group_size=32, include_lm_head=False)
+    packed = model.layers[1].mlp.down_proj.packed.clone()
+    model.place(torch.device("cpu"), BF16)
+    assert model.embed_tokens.weight.dtype == BF16 and model.lm_head.weight is model.embed_tokens.weight
+    assert model.layers[0].input_layernorm.weight.dtype == BF16 and model.rope.cos.dtype == FP32
+    assert torch.equal(model.layers[1].mlp.down_proj.packed, packed)
+    ids = list(range(20))
+    assert rel_err(run_logits(model, ids), run_logits(ref, ids)) < 0.03
 
 
 # -- the disk cache -------------------------------------------------------------------------------
