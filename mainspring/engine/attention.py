@@ -109,11 +109,10 @@ class AttentionMetadata:
 
     def to(self, device: torch.device) -> "AttentionMetadata":
         """This step's metadata on `device` (itself on the CPU). The shared-prefix path calls the CPU's flash
-        kernel, so on another device its chunks take the per-chunk path; sparse rows (KV policies) are CPU-only
-        (engine/placement.py refuses them elsewhere)."""
+        kernel, so on another device its chunks take the per-chunk path; sparse rows (KV policies) move their
+        index tensors, masks and rotations (their SnapKV votes stay on the device until the step is over)."""
         if device.type == "cpu":
             return self
-        assert not self.sparse, "KV policies run on the CPU only"
         d = self.decode
         decode = None if d is None else DecodeBatch(
             d.num_seqs, d.prefix_slots.to(device), d.prefix_start, d.suffix_slots.to(device),
@@ -121,7 +120,8 @@ class AttentionMetadata:
         prefills = [PrefillSegment(p.q_start, p.q_len, p.ctx_len,
                                    None if p.ctx_slots is None else p.ctx_slots.to(device), p.ctx_start)
                     for p in self.prefills]
-        return AttentionMetadata(self.slot_mapping.to(device), decode, prefills, [], None)
+        return AttentionMetadata(self.slot_mapping.to(device), decode, prefills, [sp.to(device) for sp in self.sparse],
+                                 None)
 
 
 def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeBatch:

@@ -69,8 +69,7 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.placement = resolve_placement(self.config.device, self.config.dtype)
-        check_supported(self.placement, quantization=self.config.quantization,
-                        kv_policy=self.config.kv_policy is not None, kv_disk=self.config.kv_disk_cache_mb > 0)
+        check_supported(self.placement, quantization=self.config.quantization, kv_disk=self.config.kv_disk_cache_mb > 0)
         on_cuda = self.placement.device.type == "cuda"
         # quantized weights come from the fp32 ones in every precision (one cached form per model): the model is
         # built in fp32 on the CPU, quantized for the device, then placed there in the engine's dtype
@@ -167,7 +166,7 @@ class LLMEngine:
                                                bits, self.config.block_size, group) * self.config.block_size
         n = max(1, int(self.config.kv_cache_mb * 2**20 // per_block))
         return ColdKVStore(c.num_hidden_layers, n, self.config.block_size, c.num_key_value_heads, c.head_dim,
-                           bits, group)
+                           bits, group, device=self.placement.device)
 
     def _disk_tier(self, loaded: LoadedModel) -> DiskKVTier | None:
         """The prefix cache's disk tier, when kv_disk_cache_mb asks for one. Its files are keyed by

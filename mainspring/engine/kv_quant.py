@@ -61,7 +61,7 @@ def _grid(lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> tuple[torch.Tensor, 
     span and rounds within half a stored step. To nearest breaks that in two cases real K/V can hit: a
     channel far from zero with a small spread (100.3 +- 0.01: float16 moves the min by up to 0.03, ~500
     steps at int8), and a tiny spread whose step is a float16 subnormal (rounded to zero or to half)."""
-    inf = torch.tensor(float("inf"), dtype=_F16)
+    inf = torch.tensor(float("inf"), dtype=_F16, device=lo.device)
     mn = lo.to(_F16)
     mn = torch.where(mn.float() > lo, torch.nextafter(mn, -inf), mn)
     step = (hi - mn.float()) / qmax
@@ -72,7 +72,7 @@ def _grid(lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> tuple[torch.Tensor, 
         # rather than store NaNs
         raise ValueError("KV values beyond the float16 range of the quantization scales")
     # a constant run (zero range) needs no step: any positive scale maps it to code 0 exactly
-    scale = torch.where(scale == 0, torch.ones((), dtype=_F16), scale)
+    scale = torch.where(scale == 0, torch.ones((), dtype=_F16, device=scale.device), scale)
     return mn, scale
 
 
@@ -146,7 +146,8 @@ class ColdKVStore:
     index_select per pool and a vectorized dequantization, whatever the number of blocks."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 bits: int, value_group: int = 32) -> None:
+                 bits: int, value_group: int = 32, device: torch.device | str = "cpu") -> None:
+        """`device`: where the pools live, the hot cache's (a demotion and a load never cross to the host)."""
         _check_bits(bits)
         _check_group(head_dim, value_group)
         self.bits, self.num_blocks, self.block_size = bits, num_blocks, block_size
@@ -155,12 +156,12 @@ class ColdKVStore:
         payload = head_dim * bits // 8
         shape = (num_layers, num_blocks)
         # torch.empty: a block's pages are only touched (and count as memory) once it is written
-        self.k_q = torch.empty(*shape, block_size, num_kv_heads, payload, dtype=torch.uint8)
-        self.k_scale = torch.empty(*shape, num_kv_heads, head_dim, dtype=_F16)
-        self.k_min = torch.empty(*shape, num_kv_heads, head_dim, dtype=_F16)
-        self.v_q = torch.empty(*shape, block_size, num_kv_heads, payload, dtype=torch.uint8)
-        self.v_scale = torch.empty(*shape, block_size, num_kv_heads, head_dim // value_group, dtype=_F16)
-        self.v_min = torch.empty(*shape, block_size, num_kv_heads, head_dim // value_group, dtype=_F16)
+        self.k_q = torch.empty(*shape, block_size, num_kv_heads, payload, dtype=torch.uint8, device=device)
+        self.k_scale = torch.empty(*shape, num_kv_heads, head_dim, dtype=_F16, device=device)
+        self.k_min = torch.empty(*shape, num_kv_heads, head_dim, dtype=_F16, device=device)
+        self.v_q = torch.empty(*shape, block_size, num_kv_heads, payload, dtype=torch.uint8, device=device)
+        self.v_scale = torch.empty(*shape, block_size, num_kv_heads, head_dim // value_group, dtype=_F16, device=device)
+        self.v_min = torch.empty(*shape, block_size, num_kv_heads, head_dim // value_group, dtype=_F16, device=device)
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
         self._is_free = [True] * num_blocks
 
@@ -200,7 +201,7 @@ class ColdKVStore:
         want = (self.num_layers, cold_ids.numel(), self.block_size, self.num_kv_heads, self.head_dim)
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise ValueError(f"store expects k and v of shape {want}, got {tuple(k.shape)} and {tuple(v.shape)}")
-        ids = cold_ids.to(torch.long)
+        ids = cold_ids.to(self.k_q.device, torch.long)
         kq = quantize_keys(k, self.bits)
         vq = quantize_values(v, self.bits, self.value_group)
         for pool, part in ((self.k_q, kq.q), (self.k_scale, kq.scale), (self.k_min, kq.mn),
@@ -213,7 +214,7 @@ class ColdKVStore:
         On the decode hot path (every layer, every step, every cold block of a sequence): one gather
         of the compact codes per pool (no Python loop over blocks), then dequantization in place in
         the one output-sized tensor it allocates per K and V."""
-        ids = cold_ids.to(torch.long)
+        ids = cold_ids.to(self.k_q.device, torch.long)
         n = ids.numel() * self.block_size
 
         def take(pool: torch.Tensor) -> torch.Tensor:

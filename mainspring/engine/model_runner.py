@@ -44,6 +44,7 @@ class ModelRunner:
         self.block_size = block_size
         # the device of the weights: on CUDA the step's index tensors are built on the host and sent in one go each
         self.device = model.embed_tokens.weight.device
+        self._inv_freq = model.rope.inv_freq.cpu()  # what the host builds sparse rows' rotations from
         # torch.empty: pages are only touched (and count as memory) once a block is written. With graphs, one
         # block more than the block manager hands out: the scratch block padding rows write to
         slots = (num_blocks + (graphs is not None)) * block_size
@@ -94,7 +95,7 @@ class ModelRunner:
     def _demote(self, block_ids: list[int], cold_ids: list[int]) -> None:
         bs = self.block_size
         slots = (torch.tensor(block_ids)[:, None] * bs + torch.arange(bs)).flatten()
-        kv = self.cache[:, :, slots]  # [L, 2, n*bs, KVH, D]
+        kv = self.cache[:, :, slots.to(self.device)]  # [L, 2, n*bs, KVH, D]
         shape = (kv.shape[0], len(block_ids), bs, *kv.shape[3:])
         assert self.cold_store is not None  # blocks are demoted only into a cold tier
         self.cold_store.store(torch.tensor(cold_ids), kv[:, 0].reshape(shape), kv[:, 1].reshape(shape))
@@ -173,13 +174,14 @@ class ModelRunner:
             [(s.seq.block_table, s.seq.num_computed_tokens, s.num_tokens) for s in prefills],
             self.block_size,
             [self._sparse_row(s) for s in sparse],
-            self.model.rope.inv_freq,
+            self._inv_freq,
         ).to(self.device)
         dev = self.device
         hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_cache, meta)
         for s, seg in zip(sparse, meta.sparse):
-            if seg.scores is not None:
-                s.seq.snap_scores = (seg.scores, seg.key_pos)
+            if seg.scores is not None:  # counted on the host (kv_policy.snap_plan): one copy per prompt
+                assert seg.key_pos is not None  # set with the scores
+                s.seq.snap_scores = (seg.scores.cpu(), seg.key_pos)
         return hidden, decodes, chunks
 
     @staticmethod

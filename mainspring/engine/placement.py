@@ -2,11 +2,12 @@
 
 `auto` is CUDA with bf16 when torch sees a GPU, else the CPU with fp32 (the path every test and bench of the CPU
 engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
-masks' application live on the device; int4 weights run there on torch's CUDA int4 kernel (tensor cores: compute
-capability 8.0 and up), while the options whose kernels are CPU-only so far (int8 and bf16-packed weights, int4
-with fp32 activations, KV policies and tiers) are refused there by name. In bf16 and fp16 on the CPU, KV policies
-run (their attention casts the window to fp32), quantized weights run (quantized from the fp32 weights, so the
-cached forms are the same in every precision), and the fp32 KV disk tier is refused. Speculative decoding runs in
+masks' application live on the device, and so do a KV policy's sparse attention metadata and its quantized cold
+tier; int4 weights run there on torch's CUDA int4 kernel (tensor cores: compute capability 8.0 and up), while the
+options whose kernels are CPU-only so far (int8 and bf16-packed weights, int4 with fp32 activations, the KV disk
+tier) are refused there by name. In every precision KV policies run (their attention casts the window to fp32)
+and quantized weights run (quantized from the fp32 weights, so the cached forms are the same in every precision);
+the KV disk tier, whose block files hold fp32, runs in fp32 only. Speculative decoding runs in
 every precision and on every device: its proposers and verifier are torch ops on the logits' device
 (engine/speculative.py). A precision other than fp32 covers the weights, the activations and the paged KV cache;
 logits are returned in fp32 so the sampler and grammar masks work the same in every precision. Combinations the
@@ -69,15 +70,15 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
     return Placement(torch.device(device), DTYPES[dtype])
 
 
-def check_supported(placement: Placement, *, quantization: str | None, kv_policy: bool, kv_disk: bool) -> None:
-    """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision."""
+def check_supported(placement: Placement, *, quantization: str | None, kv_disk: bool) -> None:
+    """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision (a KV
+    policy runs on every device in every precision: its metadata and cold tier follow the cache)."""
     on_cuda = placement.device.type == "cuda"
     quantized = (quantization is not None and quantization not in CUDA_QUANTIZED,
                  f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION")
-    policy = (kv_policy, "a KV policy (window, sinks, cold tier)", "MAINSPRING_KV_POLICY")
     disk = (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB")
     if on_cuda:
-        for on, what, setting in (quantized, policy, disk):
+        for on, what, setting in (quantized, disk):
             if on:
                 also = f" ({' and '.join(CUDA_QUANTIZED)} run on CUDA)" if setting == quantized[2] else ""
                 raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with {what}: those kernels run on the "

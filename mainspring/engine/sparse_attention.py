@@ -58,6 +58,18 @@ class SparseSegment:
     scores: torch.Tensor | None = None  # [C] per gathered key: max over heads of the rows' sum, + over layers
     key_pos: torch.Tensor | None = None  # [C] text position of each gathered key (when observing)
 
+    def to(self, device: torch.device) -> "SparseSegment":
+        """This segment's index tensors, masks, rotations and SnapKV votes on `device` (built on the CPU); the key
+        positions stay on the host, where the votes are counted."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        tiles = [Tile(t.q0, t.q1, t.k0, t.k1, move(t.mask), move(t.sink_mask), move(t.cos), move(t.sin))
+                 for t in self.tiles]
+        runs = [(kind, ids.to(device), skip, take) for kind, ids, skip, take in self.runs]
+        return SparseSegment(self.q_start, self.q_len, runs, tiles, move(self.sink_slots), self.observe,
+                             move(self.scores), self.key_pos)
+
 
 def build_segment(q_start: int, block_table: list[int], cold: dict[int, int], start: int, num_tokens: int,
                   policy: KVPolicy, block_size: int, inv_freq: torch.Tensor, observe: int = 0) -> SparseSegment:

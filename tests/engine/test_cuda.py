@@ -9,6 +9,8 @@ downloaded there)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -206,3 +208,37 @@ def test_the_fast_variant_on_the_gpu_runs_int4_with_ngram_drafts(loaded):
     for prompt, out in zip(prompts, outs):
         assert max(greedy_gaps(on_cpu, prompt, out.token_ids)) <= 0.5, out.token_ids
     assert fast.spec.num_draft_tokens > 0 and all(len(o.token_ids) == 32 for o in outs)
+
+
+def test_sparse_attention_on_the_gpu_gives_the_cpus_answer():
+    from tests.engine.test_sparse_attention import check_segment_on
+
+    check_segment_on(torch.device("cuda"))
+
+
+def test_kv_policies_on_the_gpu_score_as_on_the_cpu(loaded):
+    """An engine on CUDA with a cold tier: cold tier, window and SnapKV run there, each teacher-forced policy scores
+    a text as the same policy does on the CPU (bf16 both, so per-token losses within bf16 rounding), and a windowed
+    decode holds a bounded number of blocks."""
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.kv_policy import KVPolicy, KVPolicyConfig
+    from mainspring.engine.params import SamplingParams
+    from mainspring.engine.perplexity import perplexity
+
+    ids = torch.randint(100, loaded.config.vocab_size, (512,), generator=torch.Generator().manual_seed(0)).tolist()
+    config = EngineConfig(kv_cache_mb=96, dtype="bf16", kv_policy=KVPolicyConfig(cold_bits=8))
+    engines = {dev: LLMEngine(loaded, dataclasses.replace(config, device=dev)) for dev in ("cpu", "cuda")}
+    gpu = engines["cuda"]
+    assert gpu.runner.cold_store is not None and gpu.runner.cold_store.k_q.is_cuda
+    for policy in (KVPolicy(hot_tokens=128), KVPolicy(window=128)):
+        got, want = (perplexity(engines[dev], ids, policy, chunk=32) for dev in ("cuda", "cpu"))
+        if policy.hot_tokens:
+            assert got.peak_cold_blocks >= 512 // 16 - 128 // 16 - 2
+        diffs = [abs(a - b) for a, b in zip(got.nll, want.nll)]
+        assert sum(diffs) / len(diffs) <= 0.05 and max(diffs) <= 0.5, (policy, max(diffs))
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, attention_window=48)
+    outs = gpu.generate([ids[:200], ids[:300]], [params, SamplingParams(temperature=0, max_tokens=8,
+                                                                         kv_snap_tokens=64)])
+    assert [len(o.token_ids) for o in outs] == [64, 8]
+    assert gpu.block_manager.num_free_blocks == gpu.block_manager.num_blocks

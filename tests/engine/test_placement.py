@@ -50,14 +50,13 @@ def test_cuda_without_a_gpu_is_refused_and_with_one_auto_is_cuda_in_bf16(monkeyp
 
 @pytest.mark.parametrize("option,setting", [
     (dict(quantization="int8"), "MAINSPRING_QUANTIZATION"), (dict(quantization="int4-fp32"), "MAINSPRING_QUANTIZATION"),
-    (dict(quantization="bf16"), "MAINSPRING_QUANTIZATION"), (dict(kv_policy=True), "MAINSPRING_KV_POLICY"),
-    (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
+    (dict(quantization="bf16"), "MAINSPRING_QUANTIZATION"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
 ])
 def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting, monkeypatch):
     from mainspring.engine.placement import Placement
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    kwargs = dict(quantization=None, kv_policy=False, kv_disk=False)
+    kwargs = dict(quantization=None, kv_disk=False)
     for dtype in (torch.float32, torch.bfloat16):
         cuda = Placement(torch.device("cuda"), dtype)  # built directly: no GPU is needed to refuse
         check_supported(cuda, **kwargs)  # the plain engine runs there
@@ -68,7 +67,7 @@ def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting, 
 def test_int4_runs_on_cuda_where_the_gpu_has_its_kernel(monkeypatch):
     from mainspring.engine.placement import Placement
 
-    kwargs = dict(kv_policy=False, kv_disk=False)
+    kwargs = dict(kv_disk=False)
     cuda = Placement(torch.device("cuda"), torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -82,13 +81,13 @@ def test_int4_runs_on_cuda_where_the_gpu_has_its_kernel(monkeypatch):
 
 
 def test_only_the_kv_disk_tier_is_refused_in_bf16():
-    kwargs = dict(quantization=None, kv_policy=False, kv_disk=True)
+    kwargs = dict(quantization=None, kv_disk=True)
     check_supported(resolve_placement("cpu", "fp32"), **kwargs)  # fp32 runs them all
     for dtype in ("bf16", "fp16"):
         with pytest.raises(PlacementError, match=f"MAINSPRING_DTYPE={dtype} with the KV disk tier"):
             check_supported(resolve_placement("cpu", dtype), **kwargs)
         for method in ("int4", "int4-fp32", "int8", "bf16"):  # quantized layers take any activations
-            check_supported(resolve_placement("cpu", dtype), quantization=method, kv_policy=True, kv_disk=False)
+            check_supported(resolve_placement("cpu", dtype), quantization=method, kv_disk=False)
 
 
 def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32_on_the_cpu():

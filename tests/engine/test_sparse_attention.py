@@ -190,3 +190,38 @@ def test_snap_plan_keeps_sinks_recent_and_most_attended_blocks_within_budget():
     kept = sorted(set(range(12)) - set(drop))
     # block 0 (sinks), blocks 9..11 (the last 32 tokens and the partial block), then 5 and 8 by mass
     assert kept == [0, 5, 8, 9, 10, 11] and drop == [1, 2, 3, 4, 6, 7]
+
+
+def check_segment_on(device: torch.device) -> None:
+    """Window + sinks over hot slots and int8 cold blocks, with the segment's metadata, the caches and the cold tier
+    moved to `device`: the answer computed on the CPU (fp32 both), for a prefill chunk and a decode row
+    (tests/engine/test_cuda.py runs it on a GPU)."""
+    from mainspring.engine.kv_quant import ColdKVStore
+    from mainspring.engine.sparse_attention import build_segment, sparse_attention
+
+    g = torch.Generator().manual_seed(0)
+    blocks, heads, d = 20, 9, 64
+    k_cache, v_cache = (torch.randn(blocks * BS, 3, d, generator=g) for _ in range(2))
+    stores = [ColdKVStore(1, 16, BS, 3, d, bits=8, device=dev) for dev in (torch.device("cpu"), device)]
+    cold_blocks = range(2, 10)  # positions 32..159 live in the cold tier
+    for store in stores:
+        kv = (c[2 * BS : 10 * BS].reshape(1, 8, BS, 3, d).to(store.k_q.device) for c in (k_cache, v_cache))
+        store.store(torch.tensor(store.allocate(8)), *kv)
+    table = [-1 if b in cold_blocks else b for b in range(blocks)]
+    cold = {b: i for i, b in enumerate(cold_blocks)}
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    for start, num in ((300, 20), (319, 1)):
+        seg = build_segment(0, table, cold, start, num, KVPolicy(window=200, sink_tokens=4), BS, inv_freq)
+        assert seg.sink_slots is not None and {kind for kind, *_ in seg.runs} == {"hot", "cold"}
+        q = torch.randn(num, heads, d, generator=g)
+        want = sparse_attention(q, k_cache, v_cache, lambda i: stores[0].load(0, i), seg, d**-0.5)
+        moved = seg.to(device)
+        assert moved.sink_slots is not None and moved.sink_slots.device.type == device.type
+        assert all(t.sink_mask is not None and t.cos is not None for t in moved.tiles)
+        got = sparse_attention(q.to(device), k_cache.to(device), v_cache.to(device),
+                               lambda i: stores[1].load(0, i), moved, d**-0.5)
+        assert got.device.type == device.type and torch.allclose(got.cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_segment_and_its_cold_tier_moved_to_a_device_give_the_same_answer():
+    check_segment_on(torch.device("cpu"))  # the round trip of SparseSegment.to; a GPU's in test_cuda.py
