@@ -25,10 +25,10 @@ class Settings(BaseSettings):
     model: str = Field("smollm2", description="'smollm2' (embedded), a .gguf file or a Hugging Face folder")
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = one per core")
     device: str = Field("auto", description="where the engine runs: 'auto' (CUDA when torch sees a GPU, else the "
-                        "CPU), 'cpu', 'cuda' or 'cuda:N' (on CUDA not with quantization, a KV policy or the KV "
-                        "disk tier)")
+                        "CPU), 'cpu', 'cuda' or 'cuda:N' (on CUDA quantization is int4 or int4-bf16 only)")
     dtype: str = Field("auto", description="precision of weights, activations and KV cache: 'auto' (bf16 on CUDA, "
-                       "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (not with quantization or the KV disk tier)")
+                       "fp32 on the CPU), 'fp32', 'bf16' or 'fp16' (quantized layers are made from the fp32 "
+                       "weights in every precision)")
     cuda_graphs: bool = Field(True, description="on CUDA, replay decode-only steps as captured CUDA graphs (batch "
                               "and context buckets, captured on first use; other steps run eagerly); no effect on the "
                               "CPU")
@@ -44,8 +44,8 @@ class Settings(BaseSettings):
     kv_disk_cache_mb: int = Field(0, ge=0, description="disk for the prefix cache's second tier under "
                                   "<data_dir>/cache/kv: evicted KV blocks are reloaded instead of recomputed, "
                                   "and the cache survives a restart; 0 = off")
-    quantization: str = Field("", description="weights of the standard engine: '' (fp32), 'int4', 'int4-bf16', "
-                              "'int4-fp32', 'int8' or 'bf16'")
+    quantization: str = Field("", description="weights of the standard engine: '' (those of MAINSPRING_DTYPE), "
+                              "'int4', 'int4-bf16', 'int4-fp32', 'int8' or 'bf16' (on CUDA: int4 and int4-bf16)")
     linear_kernel: Literal["auto", "torch", "onednn", "mkl"] = Field(
         "auto", description="kernel of the fp32 linears: 'auto' (torch's, or oneDNN's or MKL's with prepacked "
         "weights: whichever is fastest on this CPU at 1 and 16 rows, timed at the first start and cached under "

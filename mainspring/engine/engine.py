@@ -69,7 +69,7 @@ class LLMEngine:
         self.model_config: ModelConfig = loaded.config
         self.tokenizer: Tokenizer = loaded.tokenizer
         self.placement = resolve_placement(self.config.device, self.config.dtype)
-        check_supported(self.placement, quantization=self.config.quantization, kv_disk=self.config.kv_disk_cache_mb > 0)
+        check_supported(self.placement, quantization=self.config.quantization)
         on_cuda = self.placement.device.type == "cuda"
         # quantized weights come from the fp32 ones in every precision (one cached form per model): the model is
         # built in fp32 on the CPU, quantized for the device, then placed there in the engine's dtype
@@ -178,8 +178,9 @@ class LLMEngine:
         root = Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else get_settings().cache_dir / "kv"
         variant = f"{cfg.quantization}-g{cfg.quant_group_size}" if self.quant_report is not None else ""
         shape = (c.num_hidden_layers, cfg.block_size, c.num_key_value_heads, c.head_dim)
-        fingerprint = model_fingerprint(loaded.path, *shape, variant=variant)
-        disk = DiskKVCache(root, fingerprint, cfg.kv_disk_cache_mb, block_shape=shape)
+        dtype = self.placement.dtype
+        fingerprint = model_fingerprint(loaded.path, *shape, str(dtype).removeprefix("torch."), variant=variant)
+        disk = DiskKVCache(root, fingerprint, cfg.kv_disk_cache_mb, block_shape=shape, dtype=dtype)
         log.info("KV disk tier: %s, %d blocks on disk, up to %d MB", disk.dir, len(disk), cfg.kv_disk_cache_mb)
         return DiskKVTier(disk, self.runner.cache, cfg.block_size)
 

@@ -4,10 +4,11 @@ live in root/<fingerprint digest>/<block hash hex>: another model, quantization 
 sees them.
 
 Format: a 64-byte header (magic+version, block hash, the four dims, CRC32 of the payload), then K
-and V as raw native (little-endian) float32, [2, layers, block_size, kv_heads, head_dim]. Raw
+and V as raw native (little-endian) values in the hot cache's dtype (float32, bfloat16 or float16: the
+fingerprint names it, so a directory holds one dtype), [2, layers, block_size, kv_heads, head_dim]. Raw
 bytes, not safetensors: the header proves a file is whole and is this hash's (bad magic, size,
 hash, dims or CRC: delete and miss), which safetensors cannot (no checksum, no room for the hash
-but string metadata), and a read stays one readinto() viewed as float32 without a copy. The CRC is
+but string metadata), and a read stays one readinto() viewed as that dtype without a copy. The CRC is
 also why there is no fsync: a crash that loses a renamed file's data leaves a short or zeroed
 file, which the checks reject. Measured on one 737 KB block: CRC ~0.2 ms, the rest ~0.1-0.2 ms.
 
@@ -63,9 +64,13 @@ class DiskKVStats:
     nbytes: int
 
 
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _bytes_of(t: torch.Tensor) -> memoryview:
-    """A view of a contiguous CPU tensor's memory (no copy)."""
-    return memoryview(t.numpy())  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ on Python >= 3.12 only
+    """A view of a contiguous CPU tensor's memory (no copy; as bytes, which numpy has for bfloat16 too)."""
+    flat = t.reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())  # type: ignore[arg-type]  # numpy's stubs declare __buffer__ on Python >= 3.12
 
 
 def model_fingerprint(model_path: str | Path, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -87,12 +92,17 @@ class DiskKVCache:
     """Full KV blocks on disk, keyed by their prefix-cache hash; survives restarts."""
 
     def __init__(self, root: Path, fingerprint: str, capacity_mb: int,
-                 block_shape: tuple[int, int, int, int] | None = None, verify: bool = True) -> None:
+                 block_shape: tuple[int, int, int, int] | None = None, verify: bool = True,
+                 dtype: torch.dtype = torch.float32) -> None:
         """`block_shape` (layers, block_size, kv_heads, head_dim), when given, is checked on put
         and get; without it a file need only be self-consistent. `verify=False` skips the CRC on
-        get (about 3/4 of a warm read's time) and keeps only the header and size checks."""
+        get (about 3/4 of a warm read's time) and keeps only the header and size checks. `dtype`: the
+        blocks' (put must give it; name it in the fingerprint too, see model_fingerprint)."""
         if capacity_mb < 0:
             raise ValueError(f"capacity_mb must be >= 0, got {capacity_mb}")
+        if dtype not in DTYPES:
+            raise ValueError(f"KV disk blocks are float32, bfloat16 or float16, not {dtype}")
+        self.dtype = dtype
         self.dir = Path(root) / sha256(fingerprint.encode()).hexdigest()[:32]
         self.fingerprint = fingerprint
         self.capacity_bytes = capacity_mb * 1024 * 1024
@@ -158,23 +168,23 @@ class DiskKVCache:
                            len(self._index), self._nbytes)
 
     def put(self, block_hash: bytes, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store one block ([layers, block_size, kv_heads, head_dim] float32 each, any strides).
-        A write error (disk full, read-only) is logged and dropped: the block is only a cache."""
-        if k.shape != v.shape or k.dim() != 4 or k.dtype != torch.float32 or v.dtype != torch.float32:
-            raise ValueError(f"k/v must be equal-shape 4-d float32, got {tuple(k.shape)} {k.dtype}, "
+        """Store one block ([layers, block_size, kv_heads, head_dim] each in this cache's dtype, any strides, on
+        any device). A write error (disk full, read-only) is logged and dropped: the block is only a cache."""
+        if k.shape != v.shape or k.dim() != 4 or k.dtype != self.dtype or v.dtype != self.dtype:
+            raise ValueError(f"k/v must be equal-shape 4-d {self.dtype}, got {tuple(k.shape)} {k.dtype}, "
                              f"{tuple(v.shape)} {v.dtype}")
         if self.block_shape is not None and tuple(k.shape) != self.block_shape:
             raise ValueError(f"block shape {tuple(k.shape)} != {self.block_shape}")
         if len(block_hash) != 32:
             raise ValueError(f"block hashes are 32-byte SHA-256 digests, got {len(block_hash)} bytes")
-        size = _HEADER_LEN + 2 * k.numel() * 4
+        size = _HEADER_LEN + 2 * k.numel() * self.dtype.itemsize
         if not self.capacity_bytes or size > self.capacity_bytes or block_hash in self._index:
             return
         path = self._path(block_hash)
         if path.exists():  # another process wrote it
             self._add(block_hash, size)
             return
-        payload = _bytes_of(torch.stack((k.detach(), v.detach())).cpu().contiguous()).cast("B")
+        payload = _bytes_of(torch.stack((k.detach(), v.detach())).cpu().contiguous())
         header = _HEADER.pack(_MAGIC, block_hash, *k.shape, zlib.crc32(payload))
         try:
             self._write_atomic(path, [header.ljust(_HEADER_LEN, b"\0"), payload])
@@ -269,11 +279,11 @@ class DiskKVCache:
         if self.block_shape is not None and tuple(dims) != self.block_shape:
             return None
         L, bs, kvh, d = dims
-        if n != _HEADER_LEN + 2 * L * bs * kvh * d * 4:
+        if n != _HEADER_LEN + 2 * L * bs * kvh * d * self.dtype.itemsize:
             return None
         if self.verify and zlib.crc32(raw[_HEADER_LEN:]) != crc:
             return None
-        t = buf[_HEADER_LEN:].view(torch.float32).view(2, L, bs, kvh, d)
+        t = buf[_HEADER_LEN:].view(self.dtype).view(2, L, bs, kvh, d)
         return t[0], t[1]
 
 
@@ -299,8 +309,8 @@ class DiskKVTier:
             self.disk.put(block_hash, kv[:, 0], kv[:, 1])
 
     def load(self, block_id: int, block_hash: bytes) -> bool:
-        """Copy the block's K/V into `block_id`'s slots; False (nothing written) if the file is
-        gone or bad."""
+        """Copy the block's K/V into `block_id`'s slots (on the cache's device); False (nothing written) if the
+        file is gone or bad."""
         kv = self.disk.get(block_hash)
         if kv is None:
             return False

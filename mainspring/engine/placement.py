@@ -4,14 +4,14 @@
 engine measures). On CUDA the weights, the paged KV cache, the step's index tensors, the sampler and the grammar
 masks' application live on the device, and so do a KV policy's sparse attention metadata and its quantized cold
 tier; int4 weights run there on torch's CUDA int4 kernel (tensor cores: compute capability 8.0 and up), while the
-options whose kernels are CPU-only so far (int8 and bf16-packed weights, int4 with fp32 activations, the KV disk
-tier) are refused there by name. In every precision KV policies run (their attention casts the window to fp32)
-and quantized weights run (quantized from the fp32 weights, so the cached forms are the same in every precision);
-the KV disk tier, whose block files hold fp32, runs in fp32 only. Speculative decoding runs in
-every precision and on every device: its proposers and verifier are torch ops on the logits' device
-(engine/speculative.py). A precision other than fp32 covers the weights, the activations and the paged KV cache;
-logits are returned in fp32 so the sampler and grammar masks work the same in every precision. Combinations the
-engine has not been built or tested for are refused here, by name, before any weight is loaded.
+weight formats whose kernels are CPU-only so far (int8 and bf16-packed weights, int4 with fp32 activations) are
+refused there by name. In every precision KV policies run (their attention casts the window to fp32), quantized
+weights run (quantized from the fp32 weights, so the cached forms are the same in every precision), and the KV disk
+tier stores blocks in the cache's dtype. Speculative decoding runs in every precision and on every device: its
+proposers and verifier are torch ops on the logits' device (engine/speculative.py). A precision other than fp32
+covers the weights, the activations and the paged KV cache; logits are returned in fp32 so the sampler and grammar
+masks work the same in every precision. Combinations the engine has not been built or tested for are refused here,
+by name, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -70,27 +70,19 @@ def resolve_placement(device: str = "auto", dtype: str = "auto") -> Placement:
     return Placement(torch.device(device), DTYPES[dtype])
 
 
-def check_supported(placement: Placement, *, quantization: str | None, kv_disk: bool) -> None:
-    """Refuse the engine options whose kernels are CPU-only on CUDA, and fp32-only in another precision (a KV
-    policy runs on every device in every precision: its metadata and cold tier follow the cache)."""
-    on_cuda = placement.device.type == "cuda"
-    quantized = (quantization is not None and quantization not in CUDA_QUANTIZED,
-                 f"quantization {quantization!r}", "MAINSPRING_QUANTIZATION")
-    disk = (kv_disk, "the KV disk tier (fp32 block files)", "MAINSPRING_KV_DISK_CACHE_MB")
-    if on_cuda:
-        for on, what, setting in (quantized, disk):
-            if on:
-                also = f" ({' and '.join(CUDA_QUANTIZED)} run on CUDA)" if setting == quantized[2] else ""
-                raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with {what}: those kernels run on the "
-                                     f"CPU only so far{also}; unset {setting} or use MAINSPRING_DEVICE=cpu")
-        if quantization is not None and torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability(placement.device)
-            if major < 8:
-                raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with quantization {quantization!r}: "
-                                     f"torch's CUDA int4 kernel needs compute capability 8.0 or newer (this GPU has "
-                                     f"{major}.{minor}); unset MAINSPRING_QUANTIZATION")
-    if placement.is_fp32:
+def check_supported(placement: Placement, *, quantization: str | None) -> None:
+    """Refuse the weight formats whose kernels are CPU-only on CUDA, and int4 on a GPU without its kernel. The
+    rest runs on every device in every precision: KV policies (their metadata and cold tier follow the cache) and
+    the KV disk tier (its files hold the cache's dtype)."""
+    if placement.device.type != "cuda" or quantization is None:
         return
-    if kv_disk:  # a KV policy's attention runs in fp32 over any cache; quantized layers take any activations
-        raise PlacementError(f"MAINSPRING_DTYPE={placement.dtype_name} with {disk[1]}: its block files hold fp32 "
-                             f"only; unset {disk[2]} or use MAINSPRING_DTYPE=fp32")
+    if quantization not in CUDA_QUANTIZED:
+        raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with quantization {quantization!r}: its kernels "
+                             f"run on the CPU only so far ({' and '.join(CUDA_QUANTIZED)} run on CUDA); unset "
+                             "MAINSPRING_QUANTIZATION or use MAINSPRING_DEVICE=cpu")
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(placement.device)
+        if major < 8:
+            raise PlacementError(f"MAINSPRING_DEVICE={placement.device} with quantization {quantization!r}: "
+                                 f"torch's CUDA int4 kernel needs compute capability 8.0 or newer (this GPU has "
+                                 f"{major}.{minor}); unset MAINSPRING_QUANTIZATION")

@@ -239,6 +239,36 @@ def test_kv_policies_on_the_gpu_score_as_on_the_cpu(loaded):
         assert sum(diffs) / len(diffs) <= 0.05 and max(diffs) <= 0.5, (policy, max(diffs))
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, attention_window=48)
     outs = gpu.generate([ids[:200], ids[:300]], [params, SamplingParams(temperature=0, max_tokens=8,
-                                                                         kv_snap_tokens=64)])
+                                                                         kv_snap_tokens=96)])
     assert [len(o.token_ids) for o in outs] == [64, 8]
     assert gpu.block_manager.num_free_blocks == gpu.block_manager.num_blocks
+
+
+def test_the_kv_disk_tier_reloads_a_gpus_blocks_after_a_restart(loaded, tmp_path):
+    """bf16 blocks copied off the GPU at a flush, read back into a new engine's GPU cache bit for bit, and decoded
+    from (each token the first engine's pick up to bf16 rounding: a prefill and a cached prefix take other kernels)."""
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.kv_cache import hash_block_tokens
+    from mainspring.engine.params import SamplingParams
+    from tests.engine.test_speculative import greedy_gaps
+
+    config = EngineConfig(device="cuda", dtype="bf16", kv_cache_mb=64, kv_disk_cache_mb=64, kv_disk_dir=str(tmp_path))
+    prompt = torch.randint(100, loaded.config.vocab_size, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    first = LLMEngine(loaded, config)
+    want = first.generate([prompt], params)[0].token_ids
+    assert first.flush_kv_cache() >= 299 // 16
+    again = LLMEngine(loaded, config)
+    out = again.generate([prompt], params)[0]
+    assert out.usage.cached_tokens == 299 // 16 * 16 and again.stats()["kv_disk_hits"] == 299 // 16
+    blocks = [dict((h, b) for b, h in e.block_manager.registered_blocks()) for e in (first, again)]
+    parent, prompt_hashes = None, []
+    for i in range(299 // 16):  # the prompt's full blocks: what the flush wrote and the restart read
+        parent = hash_block_tokens(parent, prompt[i * 16 : (i + 1) * 16], None)
+        prompt_hashes.append(parent)
+    for h in prompt_hashes:
+        saved, loaded_back = (e.runner.cache[:, :, b * 16 : (b + 1) * 16] for e, b in zip((first, again),
+                                                                                         (blocks[0][h], blocks[1][h])))
+        assert saved.is_cuda and torch.equal(saved, loaded_back)
+    assert max(greedy_gaps(first, prompt, out.token_ids)) <= 0.5, (out.token_ids, want)

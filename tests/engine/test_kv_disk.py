@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from mainspring.config import Settings
 from mainspring.engine.config import EngineConfig
@@ -239,6 +240,24 @@ def test_tenants_never_share_disk_blocks(embedded, prompt, expected, warm, tmp_p
         assert out.usage.cached_tokens == 0 and out.token_ids == expected, salt
     assert b.stats()["kv_disk_hits"] == 0
     assert serve(b, prompt, "a").usage.cached_tokens == PROMPT_BLOCKS * BS
+
+
+def test_a_bf16_engines_blocks_survive_a_restart_and_stay_apart_from_fp32s(embedded, prompt, tmp_path):
+    """A bf16 engine spills bf16 blocks (half the bytes of fp32's) under a fingerprint naming the dtype: a new bf16
+    engine decodes the same tokens from them, an fp32 engine never reads them."""
+    a = engine(embedded, tmp_path, dtype="bf16")
+    first = serve(a, prompt)
+    assert a.flush_kv_cache() >= PROMPT_BLOCKS and a.kv_disk.disk.dtype == torch.bfloat16
+    c = embedded.config
+    assert a.kv_disk.disk.nbytes == a.kv_disk.disk.stats().num_blocks * (
+        64 + 2 * c.num_hidden_layers * BS * c.num_key_value_heads * c.head_dim * 2)
+    b = engine(embedded, tmp_path, dtype="bf16")
+    out = serve(b, prompt)
+    assert out.usage.cached_tokens == PROMPT_BLOCKS * BS and out.token_ids == first.token_ids
+    assert b.stats()["kv_disk_hits"] == PROMPT_BLOCKS
+    fp32 = engine(embedded, tmp_path)
+    assert fp32.kv_disk.disk.dir != a.kv_disk.disk.dir
+    assert serve(fp32, prompt).usage.cached_tokens == 0 and fp32.stats()["kv_disk_hits"] == 0
 
 
 def test_off_by_default_and_dir_from_settings(embedded, tmp_path, monkeypatch):

@@ -50,6 +50,23 @@ def test_round_trip_bit_identical(tmp_path):
     assert (s.hits, s.misses, s.puts, s.evictions, s.num_blocks) == (2, 1, 1, 0, 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_bf16_or_fp16_cache_stores_its_own_dtype_bit_for_bit(tmp_path, dtype):
+    c = mk(tmp_path, block_shape=SHAPE, dtype=dtype)
+    k, v = (t.to(dtype) for t in kv(0))
+    k[0, 0, 0, 0] = float("nan")
+    c.put(h(1), k, v)
+    assert c.nbytes == 64 + 2 * k.numel() * 2  # two bytes a value, not four
+    k2, v2 = c.get(h(1))
+    assert k2.dtype == dtype and torch.equal(k2.view(torch.int16), k.view(torch.int16))
+    assert torch.equal(v2.view(torch.int16), v.view(torch.int16))
+    with pytest.raises(ValueError, match=f"4-d {dtype}"):
+        c.put(h(2), *kv(1))  # float32 blocks into a {dtype} cache
+    assert mk(tmp_path, block_shape=SHAPE).get(h(1)) is None  # a float32 cache of the same fingerprint: bad size
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        mk(tmp_path, dtype=torch.int8)
+
+
 def test_non_contiguous_views(tmp_path):
     # as the runner holds them: cache[L, 2, slots, KVH, D]; one block is a strided slice
     L, bs, kvh, d = SHAPE

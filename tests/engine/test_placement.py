@@ -48,46 +48,38 @@ def test_cuda_without_a_gpu_is_refused_and_with_one_auto_is_cuda_in_bf16(monkeyp
     assert resolve_placement("cpu", "auto").dtype == torch.float32  # the CPU keeps fp32 where a GPU is present
 
 
-@pytest.mark.parametrize("option,setting", [
-    (dict(quantization="int8"), "MAINSPRING_QUANTIZATION"), (dict(quantization="int4-fp32"), "MAINSPRING_QUANTIZATION"),
-    (dict(quantization="bf16"), "MAINSPRING_QUANTIZATION"), (dict(kv_disk=True), "MAINSPRING_KV_DISK_CACHE_MB"),
-])
-def test_cpu_only_options_are_refused_on_cuda_in_any_precision(option, setting, monkeypatch):
+@pytest.mark.parametrize("method", ["int8", "int4-fp32", "bf16"])
+def test_cpu_only_weight_formats_are_refused_on_cuda_in_any_precision(method, monkeypatch):
     from mainspring.engine.placement import Placement
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    kwargs = dict(quantization=None, kv_disk=False)
     for dtype in (torch.float32, torch.bfloat16):
         cuda = Placement(torch.device("cuda"), dtype)  # built directly: no GPU is needed to refuse
-        check_supported(cuda, **kwargs)  # the plain engine runs there
-        with pytest.raises(PlacementError, match=f"MAINSPRING_DEVICE=cuda with .*{setting}"):
-            check_supported(cuda, **(kwargs | option))
+        check_supported(cuda, quantization=None)  # the plain engine runs there
+        with pytest.raises(PlacementError, match=f"MAINSPRING_DEVICE=cuda with quantization '{method}'.*"
+                                                 "MAINSPRING_QUANTIZATION"):
+            check_supported(cuda, quantization=method)
 
 
 def test_int4_runs_on_cuda_where_the_gpu_has_its_kernel(monkeypatch):
     from mainspring.engine.placement import Placement
 
-    kwargs = dict(kv_disk=False)
     cuda = Placement(torch.device("cuda"), torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     for method in ("int4", "int4-bf16"):
-        check_supported(cuda, quantization=method, **kwargs)
+        check_supported(cuda, quantization=method)
     with pytest.raises(PlacementError, match="int4 and int4-bf16 run on CUDA"):
-        check_supported(cuda, quantization="int8", **kwargs)
+        check_supported(cuda, quantization="int8")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     with pytest.raises(PlacementError, match=r"compute capability 8.0 or newer \(this GPU has 7.5\)"):
-        check_supported(cuda, quantization="int4", **kwargs)
+        check_supported(cuda, quantization="int4")
 
 
-def test_only_the_kv_disk_tier_is_refused_in_bf16():
-    kwargs = dict(quantization=None, kv_disk=True)
-    check_supported(resolve_placement("cpu", "fp32"), **kwargs)  # fp32 runs them all
-    for dtype in ("bf16", "fp16"):
-        with pytest.raises(PlacementError, match=f"MAINSPRING_DTYPE={dtype} with the KV disk tier"):
-            check_supported(resolve_placement("cpu", dtype), **kwargs)
-        for method in ("int4", "int4-fp32", "int8", "bf16"):  # quantized layers take any activations
-            check_supported(resolve_placement("cpu", dtype), quantization=method, kv_disk=False)
+def test_every_weight_format_runs_on_the_cpu_in_every_precision():
+    for dtype in ("fp32", "bf16", "fp16"):  # quantized layers take any activations
+        for method in (None, "int4", "int4-fp32", "int8", "bf16"):
+            check_supported(resolve_placement("cpu", dtype), quantization=method)
 
 
 def test_settings_reach_the_engine_config_and_the_fast_variant_stays_fp32_on_the_cpu():
