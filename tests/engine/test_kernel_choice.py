@@ -149,6 +149,24 @@ def test_each_shape_is_timed_over_distinct_weights_as_a_forward_streams_them(mon
     assert len(big) == 3 and len(small) == 2 and len({b[2] for b in big + small}) == 5
 
 
+def test_candidates_take_turns_and_keep_their_best_round(monkeypatch):
+    """A burst of load during one candidate's only measurement used to decide the choice; now each takes ROUNDS
+    turns in rotation and keeps its best, and one far slower than the fastest takes no more turns."""
+    times = {"int4-bf16": [5e-3, 1e-3, 1e-3], "bf16": [2e-3, 2e-3, 2e-3], "int4-fp32": [50e-3]}
+    calls = []
+
+    def timed(fns, x, budget_s):
+        name = fns[0]
+        calls.append(name)
+        return times[name].pop(0)
+
+    monkeypatch.setattr(kc, "build_linear", lambda name, weight: name)
+    monkeypatch.setattr(kc, "seconds_per_call", timed)
+    ms = kc.measure(list(times), Counter({(16, 8): 2}), rows=(1,), rounds=3)
+    assert calls == ["int4-bf16", "bf16", "int4-fp32", "int4-bf16", "bf16", "int4-bf16", "bf16"]
+    assert ms == {"int4-bf16": 2.0, "bf16": 4.0, "int4-fp32": 100.0}  # best per call x 2 linears, in ms
+
+
 def test_the_choice_is_cached_per_cpu_features(tmp_path, monkeypatch):
     monkeypatch.setattr(kc, "measure", lambda names, shapes, rows, budget_s=0: {n: float(i + 1) for i, n in
                                                                                  enumerate(names)})
