@@ -7,7 +7,8 @@ and 134.8 with fp32 activations), bf16 weights on oneDNN where bf16 is native, i
 quantized activations where an int8 GEMM backend exists (AVX2 and up, NEON), int4 with fp32 activations,
 and fp32 (the standard engine's weights, on its own kernel: engine/linear_kernel.py) as the floor. Each is
 timed on the model's own linear shapes at the rows a fast decode step multiplies (1 for a plain
-step, k + 1 for a speculative verification) for a few milliseconds per shape; the fastest one whose
+step, k + 1 for a speculative verification) for a few milliseconds per shape, the candidates taking turns three
+times and keeping their best (so a burst of other load cannot decide); the fastest one whose
 teacher-forced output on a fixed text stays close to fp32 (top-1 agreement and perplexity ratio,
 `AccuracyBound`) wins. When fp32 is the fastest left, there is no faster format on this CPU: the
 fast variant then serves the standard weights with speculative decoding, and says so.
