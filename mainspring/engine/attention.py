@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from mainspring.engine.kv_policy import KVPolicy
-from mainspring.engine import kv_slots, shared_prefix
+from mainspring.engine import batched_prefill, kv_slots, shared_prefix
+from mainspring.engine.batched_prefill import BatchedPrefill, batch_prefills
 from mainspring.engine.sparse_attention import ColdLoader, SparseSegment, build_segment, sparse_attention
 
 # (block_table, cold blocks, start, num_tokens, policy, rows to observe for SnapKV)
@@ -67,6 +68,8 @@ class AttentionMetadata:
     shared: shared_prefix.SharedPrefix | None = None
     # a decode-only step in fixed shapes (CUDA graphs): every row is a decode row, attended by static_decode
     static: StaticDecode | None = None
+    # off the CPU: the prefill chunks padded into one attention call per layer (engine/batched_prefill.py)
+    batched: BatchedPrefill | None = None
 
     @classmethod
     def build(
@@ -109,10 +112,12 @@ class AttentionMetadata:
 
     def to(self, device: torch.device) -> "AttentionMetadata":
         """This step's metadata on `device` (itself on the CPU). The shared-prefix path calls the CPU's flash
-        kernel, so on another device its chunks take the per-chunk path; sparse rows (KV policies) move their
-        index tensors, masks and rotations (their SnapKV votes stay on the device until the step is over)."""
+        kernel, so on another device the prefill chunks are padded into one call (batched_prefill.py) or, when
+        that would pad too much, attend one by one; sparse rows (KV policies) move their index tensors, masks and
+        rotations (their SnapKV votes stay on the device until the step is over)."""
         if device.type == "cpu":
             return self
+        batched = batch_prefills(self.prefills, self.slot_mapping)
         d = self.decode
         decode = None if d is None else DecodeBatch(
             d.num_seqs, d.prefix_slots.to(device), d.prefix_start, d.suffix_slots.to(device),
@@ -121,7 +126,7 @@ class AttentionMetadata:
                                    None if p.ctx_slots is None else p.ctx_slots.to(device), p.ctx_start)
                     for p in self.prefills]
         return AttentionMetadata(self.slot_mapping.to(device), decode, prefills, [sp.to(device) for sp in self.sparse],
-                                 None)
+                                 None, batched=None if batched is None else batched.to(device))
 
 
 def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeBatch:
@@ -171,6 +176,9 @@ def paged_attention(
                                     meta.shared, scale)
         for seg, o in zip(segs, outs):
             out[seg.q_start : seg.q_start + seg.q_len] = o
+    if meta.batched is not None:
+        out[meta.batched.out_rows] = batched_prefill.attend(q, k_cache, v_cache, meta.batched, scale)
+        together |= set(meta.batched.chunks)
     for i, seg in enumerate(meta.prefills):
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
         if i in together:
