@@ -29,7 +29,8 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from mainspring.engine.attention import PrefillSegment
 
-MAX_PADDED = 1 << 24  # mask elements (B * Q * L) above which the chunks attend one by one
+MAX_PADDED = 1 << 22  # mask elements (B * Q * L) above which the chunks attend one by one: SDPA with a mask and
+# grouped KV heads runs the math path, whose scores are B * H * Q * L values (at the bound and 9 heads, 151 MB in fp32)
 
 
 @dataclass
