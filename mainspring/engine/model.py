@@ -156,8 +156,9 @@ class CausalLM(nn.Module):
         for module in self.modules():
             for name, param in list(module.named_parameters(recurse=False)):
                 if param.dtype != dtype:
-                    new = cast.setdefault(id(param), nn.Parameter(param.to(dtype), requires_grad=False))
-                    setattr(module, name, new)
+                    if id(param) not in cast:
+                        cast[id(param)] = nn.Parameter(param.to(dtype), requires_grad=False)
+                    setattr(module, name, cast[id(param)])
 
 
 def _take(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:
