@@ -47,7 +47,7 @@ print("random weights:", sum(p.numel() for p in model.parameters()), "parameters
 EOF
 
 if [[ $stages == *,tests,* ]]; then
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
 fi
 if [[ $stages == *,engine,* ]]; then
   timeout 300 python3 bench/engine.py --device cuda --engines mainspring,transformers --threads 4 \
