@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The engine's GPU checks, for a machine with a CUDA GPU and torch + transformers installed but no network and no
 # copy of the weights: tests/engine/test_cuda.py ("tests"), bench/engine.py --device cuda against transformers on the
-# same GPU ("engine"), and bench/fast_variant.py --device cuda: bf16 vs int4 vs int4 + n-gram drafts ("fast"). The
-# model is the embedded one's shape (its config and tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh
+# same GPU ("engine"), bench/fast_variant.py --device cuda: bf16 vs int4 vs int4 + n-gram drafts ("fast"), and
+# bench/gpu_attention.py: one layer's attention per chunk, as the engine runs it, and through FlashAttention varlen
+# ("attention"). The model is the embedded one's shape (its config and tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh
 # --prepare` on a machine that has them) with random weights: the same work per token as the real weights, so speed
 # and the numerics checks (same weights on both sides) hold.
 #
 #   bench/gpu_check.sh --prepare            # here: tokenizer + config into .gpu/, wheels the GPU box lacks into .whl/
 #   bench/gpu_check.sh OUT_DIR [STAGES]     # there: PYTHONPATH, random weights, then STAGES (default
-#                                           # tests,engine,fast; split them across calls when one call's time is short)
+#                                           # tests,engine,fast,attention; split them across calls of 10 minutes:
+#                                           # tests,fast then engine,attention)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,7 @@ print(load_model('smollm2', Settings().cache_dir).path)")
 fi
 
 out=${1:-/tmp/gpu-check}
-stages=",${2:-tests,engine,fast},"
+stages=",${2:-tests,engine,fast,attention},"
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
@@ -56,4 +58,7 @@ fi
 if [[ $stages == *,fast,* ]]; then
   timeout 150 python3 bench/fast_variant.py --device cuda --engines plain,int4,fast --threads 4 --repeats 2 \
     --out "$out/fast_variant_cuda.json" 2>&1 | tee "$out/fast_variant.txt"
+fi
+if [[ $stages == *,attention,* ]]; then
+  timeout 120 python3 bench/gpu_attention.py --device cuda --out "$out/gpu_attention.json" 2>&1 | tee "$out/attention.txt"
 fi
