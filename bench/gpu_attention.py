@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import statistics
 import time
@@ -111,8 +112,8 @@ def measure_case(case: dict, device: torch.device, dtype: torch.dtype, g: torch.
         metas["padded"] = dataclasses.replace(meta, shared=None, batched=batch_prefills(meta.prefills,
                                                                                          meta.slot_mapping))
     methods = {name: partial(paged_attention, q, k, v, (k_cache, v_cache), m, scale) for name, m in metas.items()}
-    if device.type == "cuda" and dtype != torch.float32:
-        methods["varlen"] = varlen(meta, q, k_cache, v_cache, tables, case, scale)
+    if device.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("torch.nn.attention.varlen"):
+        methods["varlen"] = varlen(meta, q, k_cache, v_cache, tables, case, scale)  # torch 2.10 and later
     ref = methods["per-chunk"]().float()
     row = {}
     for method, fn in methods.items():
