@@ -219,7 +219,7 @@ def test_sparse_attention_on_the_gpu_gives_the_cpus_answer():
 def test_kv_policies_on_the_gpu_score_as_on_the_cpu(loaded):
     """An engine on CUDA with a cold tier: cold tier, window and SnapKV run there, each teacher-forced policy scores
     a text as the same policy does on the CPU (bf16 both, so per-token losses within bf16 rounding), and a windowed
-    decode holds a bounded number of blocks."""
+    decode and a SnapKV prompt run to the end and give every block back."""
     from mainspring.engine.config import EngineConfig
     from mainspring.engine.engine import LLMEngine
     from mainspring.engine.kv_policy import KVPolicy, KVPolicyConfig
