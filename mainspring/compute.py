@@ -11,18 +11,22 @@ engine and the start-up code each had their own thread. On this one thread they 
 
 Engines take turns by step (`EngineStepper`), so the standard and the -fast engine interleave one
 step at a time; jobs submitted with `run` (building an engine, loading a fine-tuned model) go
-between steps.
+between steps. An engine whose `step_once` raises (it should fail its own requests instead) is logged and no
+longer stepped; the thread goes on for the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Protocol, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class EngineStepper(Protocol):
@@ -107,7 +111,11 @@ class ComputeThread:
                 with self._lock:
                     engines = list(self._engines)
                 for engine in engines:
-                    busy = engine.step_once() or busy
+                    try:
+                        busy = engine.step_once() or busy
+                    except BaseException:  # one broken engine must not stop the thread every engine steps on
+                        log.exception("an engine's step raised; it is no longer stepped")
+                        self.unregister(engine)
 
 
 _compute = ComputeThread()

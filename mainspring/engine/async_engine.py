@@ -115,7 +115,10 @@ class AsyncLLMEngine:
                 self._error = exc
                 self._compute.unregister(self)
                 for loop, q in self._queues.values():
-                    loop.call_soon_threadsafe(q.put_nowait, exc)
+                    try:
+                        loop.call_soon_threadsafe(q.put_nowait, exc)
+                    except RuntimeError:  # its event loop is closed: nobody waits on that stream
+                        pass
                 self._queues.clear()
                 return False
             self.decode_rate.record(sum(len(o.delta_token_ids) for o in outputs), took)

@@ -112,3 +112,27 @@ def test_a_closed_engine_is_not_stepped_again():
     at_close = asyncio.run(main())
     compute_thread().call(lambda: None)  # a full round of the compute loop after the close
     assert fake.steps <= at_close + 1
+
+
+def test_an_engine_whose_step_raises_is_dropped_and_the_thread_goes_on(caplog):
+    """step_once should fail its own requests, never raise; if one does anyway, the compute thread logs it, stops
+    stepping that engine, and keeps stepping the others (before, the thread died and every engine in the process
+    stalled)."""
+
+    class Broken:
+        calls = 0
+
+        def step_once(self) -> bool:
+            Broken.calls += 1
+            raise RuntimeError("event loop is closed")
+
+    broken, good = Broken(), FakeEngine(steps_per_request=4)
+    compute_thread().register(broken)
+    eg = AsyncLLMEngine(good)
+    try:  # bounded: before the fix this waited forever on a dead thread
+        out = asyncio.run(asyncio.wait_for(eg.generate([1]), timeout=60))
+    finally:
+        eg.close()
+    assert out.finished and good.steps == 4
+    assert Broken.calls == 1 and "an engine's step raised" in caplog.text
+    assert compute_thread().call(lambda: threading.current_thread().name) == "mainspring-compute"  # still serving

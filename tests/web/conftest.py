@@ -18,7 +18,10 @@ VIEWPORT = {"width": 1280, "height": 800}
 TIMEOUT_MS = 20_000  # generous: the machine may be busy with other test workers
 
 
-@pytest.fixture(scope="session")
+# One browser per test module, not per session: while Playwright's sync API is open, its event loop counts as
+# running on the main thread, so every later test in the same worker that calls asyncio.run() failed ("cannot be
+# called from a running event loop"; 3 such failures and a hung worker when xdist sent engine tests after web ones)
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium): the console's browser tests "
