@@ -11,7 +11,8 @@ and choose").
   engine     what the engine runs on this device: off the CPU, prefill chunks padded into one SDPA call
              (engine/batched_prefill.py); decode rows on the cascade path (the shared prefix gathered once)
   varlen     contexts gathered into one packed tensor, FlashAttention varlen (causal, bottom-right aligned),
-             no padding and no mask (CUDA, bf16/fp16 only; its paged form needs pages of 256 tokens, ours are 16)
+             no padding and no mask (CUDA, bf16/fp16 only; its paged form, block_table, needs pages of 256 tokens
+             in upstream FlashAttention 2 and 16 in some newer builds: whether torch's takes our 16 is not checked)
 
 Times are medians of CUDA-event-timed calls after a warm-up, per layer, metadata on the device already; every
 method's output is compared with per-chunk's. On the CPU it runs per-chunk and padded only (a smoke run).
