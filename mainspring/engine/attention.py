@@ -176,10 +176,9 @@ def paged_attention(
                                     meta.shared, scale)
         for seg, o in zip(segs, outs):
             out[seg.q_start : seg.q_start + seg.q_len] = o
-    if meta.batched is not None:
+    if meta.batched is not None:  # every prefill chunk, in one call
         out[meta.batched.out_rows] = batched_prefill.attend(q, k_cache, v_cache, meta.batched, scale)
-        together |= set(meta.batched.chunks)
-    for i, seg in enumerate(meta.prefills):
+    for i, seg in enumerate(meta.prefills if meta.batched is None else ()):
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
         if i in together:
             continue

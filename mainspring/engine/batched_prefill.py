@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from mainspring.engine import kv_slots
+
 if TYPE_CHECKING:
     from mainspring.engine.attention import PrefillSegment
 
@@ -35,7 +37,8 @@ MAX_PADDED = 1 << 22  # mask elements (B * Q * L) above which the chunks attend 
 
 @dataclass
 class BatchedPrefill:
-    chunks: list[int]  # indices of the batched chunks in AttentionMetadata.prefills
+    """Every prefill chunk of a step, padded."""
+
     q_rows: torch.Tensor  # [B, Q] rows of the flat batch
     q_valid: torch.Tensor  # [B, Q] bool: a chunk's real rows
     out_rows: torch.Tensor  # [N] the flat rows of q_valid's True entries, in their order
@@ -43,8 +46,8 @@ class BatchedPrefill:
     mask: torch.Tensor  # [B, 1, Q, L] bool, True = attend
 
     def to(self, device: torch.device) -> "BatchedPrefill":
-        return BatchedPrefill(self.chunks, *(t.to(device) for t in (self.q_rows, self.q_valid, self.out_rows,
-                                                                      self.ctx_slots, self.mask)))
+        return BatchedPrefill(*(t.to(device) for t in (self.q_rows, self.q_valid, self.out_rows, self.ctx_slots,
+                                                       self.mask)))
 
 
 def batch_prefills(prefills: list[PrefillSegment], slot_mapping: torch.Tensor) -> BatchedPrefill | None:
@@ -69,15 +72,13 @@ def batch_prefills(prefills: list[PrefillSegment], slot_mapping: torch.Tensor) -
         offset = p.ctx_len - p.q_len  # query r sits at position offset + r
         mask[i, 0, : p.q_len] = kj[None, :] <= (qi[: p.q_len, None] + offset)
         mask[i, 0, p.q_len :, 0] = True
-    return BatchedPrefill(list(range(len(prefills))), q_rows, q_valid, q_rows[q_valid], ctx_slots, mask)
+    return BatchedPrefill(q_rows, q_valid, q_rows[q_valid], ctx_slots, mask)
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: BatchedPrefill,
            scale: float) -> torch.Tensor:
     """q: the step's flat [T, H, D]; returns the batched chunks' outputs [N, H, D] for `batch.out_rows`."""
-    b, lk = batch.ctx_slots.shape
     qp = q[batch.q_rows].transpose(1, 2)  # [B, H, Q, D]
-    flat = batch.ctx_slots.flatten()
-    kp, vp = (torch.index_select(c, 0, flat).view(b, lk, *c.shape[1:]).transpose(1, 2) for c in (k_cache, v_cache))
+    kp, vp = (kv_slots.gather(c, batch.ctx_slots).transpose(1, 2) for c in (k_cache, v_cache))  # [B, KVH, L, D]
     o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=batch.mask, scale=scale, enable_gqa=True)
     return o.transpose(1, 2)[batch.q_valid]

@@ -236,7 +236,8 @@ class Int4Linear(nn.Module):
     def __init__(self, q: Int4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype | None = None,
                  dense_prefill: bool | None = None, kernel_max_rows: int = KERNEL_MAX_ROWS,
                  shared: SharedLinear | None = None, device: torch.device | str | None = None) -> None:
-        """`device`: where the layer runs (default: where `q` is); its buffers are packed for that device's kernel."""
+        """`device`: where the layer runs (default: where `q` is); its buffers are packed for that device's kernel.
+        `shared` is a linear on the CPU (its probe runs there): the engine passes none on CUDA."""
         super().__init__()
         device = torch.device(device) if device is not None else q.codes.device
         q = q.to(device)
@@ -256,7 +257,7 @@ class Int4Linear(nn.Module):
         if dense_prefill is None:  # by default only where it costs half the fp32 bytes (bf16 native)
             dense_prefill = native_bf16() and not on_cuda
         # another engine's linear over the same weight runs the prefill rows (shared_prefill.py): no copy of its own
-        self.shared = shared if not on_cuda else None
+        self.shared = shared
         dense_dtype = torch.bfloat16 if on_cuda else dense_prefill_dtype()
         dense = _dequantize_sliced(q, dense_dtype) if dense_prefill and self.shared is None else None
         # an fp32 copy runs on oneDNN prepacked where that is the faster (MKL takes a slow path on AMD: 2.6x at
