@@ -22,6 +22,7 @@ from mainspring.engine.kv_policy import KVPolicy
 from mainspring.engine import batched_prefill, kv_slots, shared_prefix
 from mainspring.engine.batched_prefill import BatchedPrefill, batch_prefills
 from mainspring.engine.sparse_attention import ColdLoader, SparseSegment, build_segment, sparse_attention
+from mainspring.engine.transfers import upload
 
 # (block_table, cold blocks, start, num_tokens, policy, rows to observe for SnapKV)
 SparseRow = tuple[list[int], dict[int, int], int, int, KVPolicy, int]
@@ -70,6 +71,8 @@ class AttentionMetadata:
     static: StaticDecode | None = None
     # off the CPU: the prefill chunks padded into one attention call per layer (engine/batched_prefill.py)
     batched: BatchedPrefill | None = None
+    # the step's largest position, known on the host (RoPE's table is grown to it without reading the device)
+    max_position: int | None = None
 
     @classmethod
     def build(
@@ -107,8 +110,10 @@ class AttentionMetadata:
             sparse.append(build_segment(q_start, block_table, cold, start, num, policy, block_size, inv_freq,
                                         *observe))
             q_start += num
+        ends = [n - 1 for _, n in decode_rows] + [start + num - 1 for _, start, num in prefill_rows] + \
+            [row[2] + row[3] - 1 for row in sparse_rows]
         return cls(torch.cat(slots) if slots else torch.empty(0, dtype=torch.long), decode, prefills, sparse,
-                   shared_prefix.find(prefill_rows, block_size))
+                   shared_prefix.find(prefill_rows, block_size), max_position=max(ends, default=None))
 
     def to(self, device: torch.device) -> "AttentionMetadata":
         """This step's metadata on `device` (itself on the CPU). The shared-prefix path calls the CPU's flash
@@ -120,13 +125,15 @@ class AttentionMetadata:
         batched = batch_prefills(self.prefills, self.slot_mapping)
         d = self.decode
         decode = None if d is None else DecodeBatch(
-            d.num_seqs, d.prefix_slots.to(device), d.prefix_start, d.suffix_slots.to(device),
-            None if d.suffix_mask is None else d.suffix_mask.to(device))
+            d.num_seqs, upload(d.prefix_slots, device), d.prefix_start, upload(d.suffix_slots, device),
+            None if d.suffix_mask is None else upload(d.suffix_mask, device))
         prefills = [PrefillSegment(p.q_start, p.q_len, p.ctx_len,
-                                   None if p.ctx_slots is None else p.ctx_slots.to(device), p.ctx_start)
+                                   None if p.ctx_slots is None else upload(p.ctx_slots, device), p.ctx_start)
                     for p in self.prefills]
-        return AttentionMetadata(self.slot_mapping.to(device), decode, prefills, [sp.to(device) for sp in self.sparse],
-                                 None, batched=None if batched is None else batched.to(device))
+        return AttentionMetadata(upload(self.slot_mapping, device), decode, prefills,
+                                 [sp.to(device) for sp in self.sparse], None,
+                                 batched=None if batched is None else batched.to(device),
+                                 max_position=self.max_position)
 
 
 def _build_decode(rows: list[tuple[list[int], int]], block_size: int) -> DecodeBatch:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mainspring.engine import kv_slots
+from mainspring.engine.transfers import upload
 
 if TYPE_CHECKING:
     from mainspring.engine.attention import PrefillSegment
@@ -46,8 +47,8 @@ class BatchedPrefill:
     mask: torch.Tensor  # [B, 1, Q, L] bool, True = attend
 
     def to(self, device: torch.device) -> "BatchedPrefill":
-        return BatchedPrefill(*(t.to(device) for t in (self.q_rows, self.q_valid, self.out_rows, self.ctx_slots,
-                                                       self.mask)))
+        return BatchedPrefill(*(upload(t, device) for t in (self.q_rows, self.q_valid, self.out_rows, self.ctx_slots,
+                                                            self.mask)))
 
 
 def batch_prefills(prefills: list[PrefillSegment], slot_mapping: torch.Tensor) -> BatchedPrefill | None:

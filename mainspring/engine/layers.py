@@ -97,14 +97,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
         self.register_buffer("signed_sin", _signed(self.sin), persistent=False)
 
-    def ensure(self, positions: torch.Tensor) -> None:
+    def ensure(self, positions: torch.Tensor | int) -> None:
         """Positions past the trained context (a sliding-window sequence may run beyond it): grow
         the table, doubling, computing the new angles in float64 so large positions stay exact.
-        Called once per forward, not per layer."""
-        if not positions.numel() or int(positions.max()) < self.cos.shape[0]:
+        Called once per forward, not per layer, with the largest position where the caller knows it on the host
+        (reading it off a GPU's positions would make the host wait for the device every step)."""
+        if isinstance(positions, torch.Tensor):
+            if not positions.numel():
+                return
+            positions = int(positions.max())
+        if positions < self.cos.shape[0]:
             return
         old = self.cos.shape[0]
-        new = max(int(positions.max()) + 1, 2 * old)
+        new = max(positions + 1, 2 * old)
         freqs = torch.outer(torch.arange(old, new, dtype=torch.float64, device=self.inv_freq.device),
                             self.inv_freq.double())
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -94,7 +94,7 @@ class CausalLM(nn.Module):
         (graph-captured) step reads no value on the host: its runner grew the RoPE table beforehand. `layers`:
         only these decoder layers, in this order (a layer-skipping draft, engine/speculative.py); None: all."""
         if meta.static is None:
-            self.rope.ensure(positions)
+            self.rope.ensure(positions if meta.max_position is None else meta.max_position)
         x = self.embed_tokens(input_ids)
         rot = self.rope.at(positions, x.dtype)  # once per forward, for every layer
         picked = zip(self.layers, kv_cache) if layers is None else ((self.layers[i], kv_cache[i]) for i in layers)

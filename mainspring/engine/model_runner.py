@@ -13,6 +13,7 @@ from mainspring.engine.kv_policy import SNAP_OBSERVE, plan_blocks, snap_plan
 from mainspring.engine.model import CausalLM
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
+from mainspring.engine.transfers import upload
 
 if TYPE_CHECKING:
     from mainspring.engine.kv_quant import ColdKVStore
@@ -106,7 +107,7 @@ class ModelRunner:
         (and warms the kernels) before the first request pays for it. Writes one slot of block 0,
         which nothing holds yet."""
         meta = AttentionMetadata.build([], [([0], 0, 1)], self.block_size).to(self.device)
-        zero = torch.tensor([0], device=self.device)
+        zero = upload([0], self.device, torch.long)
         self.model.compute_logits(self.model(zero, zero, self.kv_cache, meta))
 
     @torch.inference_mode()
@@ -141,7 +142,7 @@ class ModelRunner:
         if not rows:
             return torch.empty(0, self.model.config.vocab_size, device=self.device), []
         # the LM head is a fifth of the weights: only rows that sample need it
-        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]), sampling
+        return self.model.compute_logits(hidden[upload(rows, self.device, torch.long)]), sampling
 
     @torch.inference_mode()
     def score(self, chunk: ScheduledSeq) -> torch.Tensor:
@@ -177,7 +178,7 @@ class ModelRunner:
             self._inv_freq,
         ).to(self.device)
         dev = self.device
-        hidden = self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_cache, meta)
+        hidden = self.model(upload(ids, dev, torch.long), upload(positions, dev, torch.long), self.kv_cache, meta)
         for s, seg in zip(sparse, meta.sparse):
             if seg.scores is not None:  # counted on the host (kv_policy.snap_plan): one copy per prompt
                 assert seg.key_pos is not None  # set with the scores

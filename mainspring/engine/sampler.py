@@ -18,6 +18,7 @@ import torch
 
 from mainspring.engine.grammar import apply_bitmask_, bitmask_words
 from mainspring.engine.params import SamplingParams
+from mainspring.engine.transfers import download, upload
 from mainspring.engine.truncation import apply_filters
 
 
@@ -108,8 +109,16 @@ class Sampler:
             else:
                 tokens = logits.argmax(dim=-1)
                 tokens[_index(sample_rows, logits.device)] = sampled
+        # the step's one read of the device: its tokens, with the logprobs asked for
+        lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        ks = [params[r].logprobs or 0 for r in lp_rows]
+        scored = _score(raw[_index(lp_rows, raw.device)], tokens[_index(lp_rows, raw.device)], ks) if lp_rows else ()
+        tokens, *scored = download(tokens, *scored)
         token_ids: list[int] = tokens.tolist()
-        return SamplerOutput(token_ids, _logprobs(raw, token_ids, params))
+        logprobs: list[SampleLogprobs | None] = [None] * num_rows
+        for r, lp in zip(lp_rows, _sample_logprobs(scored, ks)):
+            logprobs[r] = lp
+        return SamplerOutput(token_ids, logprobs)
 
     def apply_penalties(self, logits: torch.Tensor, seqs: SequenceABC[SampledSeq]) -> torch.Tensor:
         """Steps 1-2 as fp32 logits: repetition / presence / frequency penalties and logit_bias, then
@@ -148,7 +157,7 @@ class Sampler:
     def _distinct_prompt_ids(self, seq: SampledSeq, device: torch.device) -> torch.Tensor:
         ids = self._prompt_ids.get(seq.seq_id)
         if ids is None:
-            ids = torch.unique(_ids(seq.prompt_token_ids, device))
+            ids = _ids(sorted(set(seq.prompt_token_ids)), device)  # on the host: unique() on a GPU waits for it
             self._prompt_ids[seq.seq_id] = ids
         return ids
 
@@ -166,7 +175,7 @@ class Sampler:
             t_idx.extend(banned)
         if r_idx:
             dev = logits.device
-            logits[torch.tensor(r_idx, device=dev), torch.tensor(t_idx, device=dev)] = float("-inf")
+            logits[_index(r_idx, dev), _index(t_idx, dev)] = float("-inf")
 
     # --- sampling -------------------------------------------------------------------------------
 
@@ -189,7 +198,7 @@ class Sampler:
         temps = [float(p.temperature) for p in params]
         owned = not all_rows  # indexing made a copy we may edit in place
         if any(t != 1.0 for t in temps):
-            x = x / torch.tensor(temps, device=dev, dtype=x.dtype).unsqueeze(1)
+            x = x / upload(temps, dev, x.dtype).unsqueeze(1)
             owned = True
 
         vocab = x.shape[1]
@@ -244,11 +253,11 @@ class Sampler:
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, device=device, dtype=torch.long)
+    return upload(rows, device, torch.long)
 
 
 def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(token_ids, device=device, dtype=torch.long)
+    return upload(token_ids, device, torch.long)
 
 
 def _apply_masks(logits: torch.Tensor, masks: Mapping[int, TokenMask]) -> torch.Tensor:
@@ -258,7 +267,7 @@ def _apply_masks(logits: torch.Tensor, masks: Mapping[int, TokenMask]) -> torch.
     bitmask = torch.empty(len(rows), bitmask_words(logits.shape[1]), dtype=torch.int32)
     for j, r in enumerate(rows):
         masks[r].fill_mask(bitmask[j])
-    bitmask = bitmask.to(logits.device)
+    bitmask = upload(bitmask, logits.device)
     out = logits.float().clone(memory_format=torch.contiguous_format)
     if len(rows) == out.shape[0]:
         apply_bitmask_(out, bitmask)
@@ -276,12 +285,13 @@ def _flat_positions(
     """For every (row j, token) occurrence: its position in the flattened logits, and j (the index
     into `rows`), built with one cat for all rows. Ids outside the vocab are dropped."""
     dev = token_rows[0].device
-    lengths = torch.tensor([t.numel() for t in token_rows], device=dev)
-    j = torch.repeat_interleave(torch.arange(len(rows), device=dev), lengths)
+    sizes = [t.numel() for t in token_rows]
+    j = torch.repeat_interleave(torch.arange(len(rows), device=dev), upload(sizes, dev), output_size=sum(sizes))
     tok = torch.cat(token_rows)
-    # Ids come from the tokenizer and this sampler, so they are in range; checking is two cheap
-    # reductions, filtering (a boolean index) is not, so filter only when needed.
-    if tok.numel() and (int(tok.min()) < 0 or int(tok.max()) >= vocab):
+    # Ids come from the tokenizer and this sampler, so they are in range (the engine checks prompts); on the CPU
+    # checking is two cheap reductions, filtering (a boolean index) is not, so filter only when needed. Off the
+    # CPU both would make the host wait for the device.
+    if dev.type == "cpu" and tok.numel() and (int(tok.min()) < 0 or int(tok.max()) >= vocab):
         keep = (tok >= 0) & (tok < vocab)
         j, tok = j[keep], tok[keep]
     return _index(rows, dev)[j] * vocab + tok, j
@@ -300,7 +310,7 @@ def _apply_repetition_penalty(
     # positive logits are divided and negative ones multiplied by the penalty (once per token).
     pos, j = _flat_positions(rows, seen, x.shape[1])
     flat_x = x.view(-1)
-    pen = torch.tensor(pens, device=x.device)[j]
+    pen = upload(pens, x.device)[j]
     vals = flat_x[pos]
     flat_x[pos] = torch.where(vals > 0, vals / pen, vals * pen)
 
@@ -314,8 +324,8 @@ def _apply_presence_frequency(
     if pos.numel() == 0:
         return
     flat_x = x.view(-1)
-    flat_x[pos] = flat_x[pos] - torch.tensor(pres, device=x.device)[j]
-    flat_x.scatter_add_(0, pos, -torch.tensor(freq, device=x.device)[j])
+    flat_x[pos] = flat_x[pos] - upload(pres, x.device)[j]
+    flat_x.scatter_add_(0, pos, -upload(freq, x.device)[j])
 
 
 def _apply_logit_bias(x: torch.Tensor, rows: list[tuple[int, dict[int, float]]]) -> None:
@@ -325,33 +335,43 @@ def _apply_logit_bias(x: torch.Tensor, rows: list[tuple[int, dict[int, float]]])
     t_idx = [t for _, bias in rows for t in bias]
     vals = [float(v) for _, bias in rows for v in bias.values()]
     dev = x.device
-    x[_index(r_idx, dev), _index(t_idx, dev)] += torch.tensor(vals, device=dev, dtype=x.dtype)
+    x[_index(r_idx, dev), _index(t_idx, dev)] += upload(vals, dev, x.dtype)
 
 
 def _logprobs(
     raw: torch.Tensor, token_ids: list[int], params: list[SamplingParams]
 ) -> list[SampleLogprobs | None]:
+    """The logprobs each row's params ask for, of its token in `token_ids` (None where not asked)."""
     out: list[SampleLogprobs | None] = [None] * len(params)
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    if not rows:
-        return out
-    scored = score_tokens(raw[_index(rows, raw.device)], [token_ids[r] for r in rows],
-                          [params[r].logprobs or 0 for r in rows])
-    for r, lp in zip(rows, scored):
-        out[r] = lp
+    if rows:
+        scored = score_tokens(raw[_index(rows, raw.device)], [token_ids[r] for r in rows],
+                              [params[r].logprobs or 0 for r in rows])
+        for r, lp in zip(rows, scored):
+            out[r] = lp
     return out
 
 
 def score_tokens(logits: torch.Tensor, token_ids: list[int], ks: list[int]) -> list[SampleLogprobs]:
     """Row i's log-probability of token_ids[i] under log_softmax(logits[i]), with its ks[i] likeliest
     tokens (also what prompt_logprobs reports for the prompt's tokens)."""
-    dev = logits.device
+    return _sample_logprobs(download(*_score(logits, _ids(token_ids, logits.device), ks)), ks)
+
+
+def _score(logits: torch.Tensor, tokens: torch.Tensor, ks: list[int]) -> tuple[torch.Tensor, ...]:
+    """score_tokens on the device: each row's chosen logprob [R], then its likeliest logprobs and ids [R, k]."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(token_ids, device=dev).unsqueeze(1)).squeeze(1).tolist()
+    chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
     k = min(max(ks, default=0), lp.shape[1])
-    top_vals: list[list[float]] = [[] for _ in ks]
-    top_ids: list[list[int]] = [[] for _ in ks]
-    if k > 0:
-        top = lp.topk(k, dim=-1)  # sorted, likeliest first
-        top_vals, top_ids = top.values.tolist(), top.indices.tolist()
+    if k == 0:
+        return (chosen,)
+    top = lp.topk(k, dim=-1)  # sorted, likeliest first
+    return chosen, top.values, top.indices
+
+
+def _sample_logprobs(scored: SequenceABC[torch.Tensor], ks: list[int]) -> list[SampleLogprobs]:
+    if not ks:
+        return []
+    chosen = scored[0].tolist()
+    top_vals, top_ids = (scored[1].tolist(), scored[2].tolist()) if len(scored) > 1 else ([[]] * len(ks),) * 2
     return [SampleLogprobs(chosen[j], list(zip(top_ids[j][:kr], top_vals[j][:kr]))) for j, kr in enumerate(ks)]

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from mainspring.engine.kv_policy import KVPolicy
+from mainspring.engine.transfers import upload
 
 QUERY_TILE = 256
 ColdLoader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # cold ids -> (K, V) [n*bs, KVH, D]
@@ -62,11 +63,11 @@ class SparseSegment:
         """This segment's index tensors, masks, rotations and SnapKV votes on `device` (built on the CPU); the key
         positions stay on the host, where the votes are counted."""
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
+            return None if t is None else upload(t, device)
 
         tiles = [Tile(t.q0, t.q1, t.k0, t.k1, move(t.mask), move(t.sink_mask), move(t.cos), move(t.sin))
                  for t in self.tiles]
-        runs = [(kind, ids.to(device), skip, take) for kind, ids, skip, take in self.runs]
+        runs = [(kind, upload(ids, device), skip, take) for kind, ids, skip, take in self.runs]
         return SparseSegment(self.q_start, self.q_len, runs, tiles, move(self.sink_slots), self.observe,
                              move(self.scores), self.key_pos)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from mainspring.engine.params import SamplingParams
+from mainspring.engine.transfers import upload
 
 
 def apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
@@ -23,34 +24,38 @@ def apply_filters(x: torch.Tensor, params: list[SamplingParams]) -> None:
     rows, vocab = x.shape
     dev, neg_inf = x.device, float("-inf")
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
-    k_on = torch.tensor([k > 0 for k in ks], device=dev).unsqueeze(1)
+    k_on = upload([k > 0 for k in ks], dev).unsqueeze(1)
     thresh = torch.full((rows, 1), neg_inf, device=dev)
     max_logit: torch.Tensor | None = None
     if any(ks):
         top = x.topk(max(ks), dim=-1).values  # sorted, likeliest first
-        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=dev).unsqueeze(1))
+        kth = top.gather(1, upload([max(k, 1) - 1 for k in ks], dev).unsqueeze(1))
         thresh = torch.where(k_on, kth, thresh)  # the k-th largest logit; rows without top-k: -inf
         max_logit = top[:, :1]
     p_rows = [i for i, q in enumerate(params) if q.top_p < 1.0]
     if p_rows:
-        p = torch.tensor([float(params[i].top_p) for i in p_rows], device=dev).unsqueeze(1)
-        cand = min(vocab, max([256] + [ks[i] for i in p_rows]))
+        p = upload([float(params[i].top_p) for i in p_rows], dev).unsqueeze(1)
+        # off the CPU every token is a candidate: a sort is cheap there, and the CPU's shortcut (a histogram for
+        # the rows it leaves short) would make the host wait for the device to learn which rows those are
+        cand = min(vocab, max([256] + [ks[i] for i in p_rows])) if dev.type == "cpu" else vocab
+        all_k = all(ks[i] for i in p_rows)
         if len(p_rows) == rows:  # no row copies in the common all-rows case
-            thresh = torch.maximum(thresh, _top_p_thresholds(x, thresh, k_on, p, cand))
+            thresh = torch.maximum(thresh, _top_p_thresholds(x, thresh, k_on, p, cand, all_k))
         else:
-            idx = torch.tensor(p_rows, device=dev, dtype=torch.long)
-            thresh[idx] = torch.maximum(thresh[idx], _top_p_thresholds(x[idx], thresh[idx], k_on[idx], p, cand))
+            idx = upload(p_rows, dev, torch.long)
+            thresh[idx] = torch.maximum(thresh[idx], _top_p_thresholds(x[idx], thresh[idx], k_on[idx], p, cand,
+                                                                       all_k))
     min_ps = [float(q.min_p) for q in params]
     if any(m > 0.0 for m in min_ps):
         # prob < min_p * max_prob  <=>  logit < max_logit + log(min_p); log(0) = -inf turns it off.
         if max_logit is None:
             max_logit = x.amax(dim=-1, keepdim=True)
-        thresh = torch.maximum(thresh, max_logit + torch.tensor(min_ps, device=dev).log().unsqueeze(1))
+        thresh = torch.maximum(thresh, max_logit + upload(min_ps, dev).log().unsqueeze(1))
     x.masked_fill_(x < thresh, neg_inf)
 
 
 def _top_p_thresholds(
-    x: torch.Tensor, k_thresh: torch.Tensor, k_on: torch.Tensor, p: torch.Tensor, cand: int
+    x: torch.Tensor, k_thresh: torch.Tensor, k_on: torch.Tensor, p: torch.Tensor, cand: int, all_k: bool
 ) -> torch.Tensor:
     """Per row, the logit of the last token of the nucleus: the smallest set of likeliest tokens
     whose mass reaches p (a token stays iff the mass strictly likelier than it is < p, so the
@@ -65,7 +70,8 @@ def _top_p_thresholds(
     cut = top.masked_fill(top < k_thresh, float("-inf"))
     # A top-k row's kept tokens are all candidates (cand >= k), so it normalizes over them.
     lse_k = torch.logsumexp(cut, dim=-1, keepdim=True)
-    lse = lse_k if bool(k_on.all()) else torch.where(k_on, lse_k, torch.logsumexp(x, dim=-1, keepdim=True))
+    # every token a candidate: the rows without top-k normalize over them all too
+    lse = lse_k if all_k or cand == x.shape[1] else torch.where(k_on, lse_k, torch.logsumexp(x, dim=-1, keepdim=True))
     probs = (cut - lse).exp()
     mass = probs.cumsum(dim=-1)
     n_keep = ((mass - probs) < p).sum(dim=-1, keepdim=True).clamp_(1, cand)
