@@ -112,9 +112,9 @@ class Sampler:
         # the step's one read of the device: its tokens, with the logprobs asked for
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         ks = [params[r].logprobs or 0 for r in lp_rows]
-        scored = _score(raw[_index(lp_rows, raw.device)], tokens[_index(lp_rows, raw.device)], ks) if lp_rows else ()
-        tokens, *scored = download(tokens, *scored)
-        token_ids: list[int] = tokens.tolist()
+        on_device = _score(raw[_index(lp_rows, raw.device)], tokens[_index(lp_rows, raw.device)], ks) if lp_rows else ()
+        host_tokens, *scored = download(tokens, *on_device)
+        token_ids: list[int] = host_tokens.tolist()
         logprobs: list[SampleLogprobs | None] = [None] * num_rows
         for r, lp in zip(lp_rows, _sample_logprobs(scored, ks)):
             logprobs[r] = lp
