@@ -41,8 +41,9 @@ class BatchedPrefill:
     """Every prefill chunk of a step, padded."""
 
     q_rows: torch.Tensor  # [B, Q] rows of the flat batch
-    q_valid: torch.Tensor  # [B, Q] bool: a chunk's real rows
-    out_rows: torch.Tensor  # [N] the flat rows of q_valid's True entries, in their order
+    q_valid: torch.Tensor  # [N] where the chunks' real rows are in [B * Q] (an index, not a mask: selecting by a
+    # boolean mask on a GPU makes the host wait to learn how many rows it keeps, at every layer)
+    out_rows: torch.Tensor  # [N] the flat rows of those entries, in their order
     ctx_slots: torch.Tensor  # [B, L] cache slots
     mask: torch.Tensor  # [B, 1, Q, L] bool, True = attend
 
@@ -73,7 +74,7 @@ def batch_prefills(prefills: list[PrefillSegment], slot_mapping: torch.Tensor) -
         offset = p.ctx_len - p.q_len  # query r sits at position offset + r
         mask[i, 0, : p.q_len] = kj[None, :] <= (qi[: p.q_len, None] + offset)
         mask[i, 0, p.q_len :, 0] = True
-    return BatchedPrefill(q_rows, q_valid, q_rows[q_valid], ctx_slots, mask)
+    return BatchedPrefill(q_rows, q_valid.flatten().nonzero().squeeze(1), q_rows[q_valid], ctx_slots, mask)
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: BatchedPrefill,
@@ -82,4 +83,4 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch:
     qp = q[batch.q_rows].transpose(1, 2)  # [B, H, Q, D]
     kp, vp = (kv_slots.gather(c, batch.ctx_slots).transpose(1, 2) for c in (k_cache, v_cache))  # [B, KVH, L, D]
     o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=batch.mask, scale=scale, enable_gqa=True)
-    return o.transpose(1, 2)[batch.q_valid]
+    return o.transpose(1, 2).flatten(0, 1)[batch.q_valid]

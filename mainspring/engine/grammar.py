@@ -27,6 +27,7 @@ import torch
 from mainspring.engine.errors import InvalidRequestError
 from mainspring.engine.json_schema import prepare_schema
 from mainspring.engine.params import SamplingParams
+from mainspring.engine.transfers import upload
 
 if TYPE_CHECKING:
     import llguidance
@@ -61,7 +62,7 @@ def apply_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     needs no compiler at run time). Bits past the vocab (the last word's padding) are dropped.
     """
     rows, vocab = logits.shape
-    shifts = _SHIFTS if bitmask.device.type == "cpu" else _SHIFTS.to(bitmask.device)
+    shifts = upload(_SHIFTS, bitmask.device)
     banned = ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, -1)[:, :vocab] == 0
     logits.masked_fill_(banned, float("-inf"))
 

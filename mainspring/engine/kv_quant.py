@@ -23,6 +23,8 @@ from typing import Iterable, NamedTuple
 
 import torch
 
+from mainspring.engine.transfers import upload
+
 _F16 = torch.float16
 
 
@@ -61,13 +63,13 @@ def _grid(lo: torch.Tensor, hi: torch.Tensor, qmax: int) -> tuple[torch.Tensor, 
     span and rounds within half a stored step. To nearest breaks that in two cases real K/V can hit: a
     channel far from zero with a small spread (100.3 +- 0.01: float16 moves the min by up to 0.03, ~500
     steps at int8), and a tiny spread whose step is a float16 subnormal (rounded to zero or to half)."""
-    inf = torch.tensor(float("inf"), dtype=_F16, device=lo.device)
+    inf = torch.full((), float("inf"), dtype=_F16, device=lo.device)  # filled there: no copy to a GPU
     mn = lo.to(_F16)
     mn = torch.where(mn.float() > lo, torch.nextafter(mn, -inf), mn)
     step = (hi - mn.float()) / qmax
     scale = step.to(_F16)
     scale = torch.where(scale.float() < step, torch.nextafter(scale, inf), scale)
-    if not (bool(torch.isfinite(mn).all()) and bool(torch.isfinite(scale).all())):
+    if not bool(torch.isfinite(mn).all() & torch.isfinite(scale).all()):  # one read of a GPU, not two
         # only values below -65504 or spreads over 65504 steps (float16's max) get here: fail loudly
         # rather than store NaNs
         raise ValueError("KV values beyond the float16 range of the quantization scales")
@@ -201,7 +203,7 @@ class ColdKVStore:
         want = (self.num_layers, cold_ids.numel(), self.block_size, self.num_kv_heads, self.head_dim)
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise ValueError(f"store expects k and v of shape {want}, got {tuple(k.shape)} and {tuple(v.shape)}")
-        ids = cold_ids.to(self.k_q.device, torch.long)
+        ids = upload(cold_ids, self.k_q.device, torch.long)
         kq = quantize_keys(k, self.bits)
         vq = quantize_values(v, self.bits, self.value_group)
         for pool, part in ((self.k_q, kq.q), (self.k_scale, kq.scale), (self.k_min, kq.mn),
@@ -214,7 +216,7 @@ class ColdKVStore:
         On the decode hot path (every layer, every step, every cold block of a sequence): one gather
         of the compact codes per pool (no Python loop over blocks), then dequantization in place in
         the one output-sized tensor it allocates per K and V."""
-        ids = cold_ids.to(self.k_q.device, torch.long)
+        ids = upload(cold_ids, self.k_q.device, torch.long)
         n = ids.numel() * self.block_size
 
         def take(pool: torch.Tensor) -> torch.Tensor:

@@ -96,7 +96,7 @@ class ModelRunner:
     def _demote(self, block_ids: list[int], cold_ids: list[int]) -> None:
         bs = self.block_size
         slots = (torch.tensor(block_ids)[:, None] * bs + torch.arange(bs)).flatten()
-        kv = self.cache[:, :, slots.to(self.device)]  # [L, 2, n*bs, KVH, D]
+        kv = self.cache[:, :, upload(slots, self.device)]  # [L, 2, n*bs, KVH, D]
         shape = (kv.shape[0], len(block_ids), bs, *kv.shape[3:])
         assert self.cold_store is not None  # blocks are demoted only into a cold tier
         self.cold_store.store(torch.tensor(cold_ids), kv[:, 0].reshape(shape), kv[:, 1].reshape(shape))
