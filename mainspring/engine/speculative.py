@@ -42,6 +42,7 @@ from mainspring.engine.params import SamplingParams
 from mainspring.engine.sampler import _GREEDY_EPS, Sampler, SampleLogprobs, TokenMask, _index, _logprobs
 from mainspring.engine.scheduler import ScheduledSeq
 from mainspring.engine.sequence import Sequence
+from mainspring.engine.transfers import download
 
 METHODS = ("ngram", "draft")
 DEFAULT_K = {"ngram": 10, "draft": 4}  # most draft tokens verified per step, by method
@@ -203,6 +204,8 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
+        if not any(_reads_drafts(s.params) for s in seqs):
+            return self._propose_greedy(seqs, limits)
         drafts: list[list[int]] = [[] for _ in seqs]
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]
         for j in range(max(limits, default=0)):  # one batched draft decode step per draft position
@@ -227,6 +230,39 @@ class DraftModelProposer:
             for r, i in enumerate(rows):
                 drafts[i].append(picks[r])
         return [Draft(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
+
+    def _propose_greedy(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
+        """`propose` where every row is greedy and no penalty reads the drafted ids: each draft position's picks
+        feed the next forward on the device, and all of them come back in one read (on a GPU, one wait for the
+        whole draft instead of one per position)."""
+        picks: list[torch.Tensor] = []
+        row_sets: list[list[int]] = []
+        for j in range(max(limits, default=0)):
+            rows = [i for i, k in enumerate(limits) if k > j]
+            if j == 0:
+                ids = _index([seqs[i].last_token_id for i in rows], self.device)
+            else:  # the rows still drafting are a subsequence of the previous position's
+                at = {i: r for r, i in enumerate(row_sets[-1])}
+                ids = picks[-1][_index([at[i] for i in rows], self.device)]
+            pos = [seqs[i].num_tokens - 1 + j for i in rows]
+            meta = AttentionMetadata.build([(seqs[i].block_table, p + 1) for i, p in zip(rows, pos)], [],
+                                           self.block_size).to(self.device)
+            # what the sampler reads of a draft here is how many there are (min_tokens); their ids stay on the device
+            views = [DraftView(seqs[i], [-1] * j) for i in rows]
+            x = self.sampler.apply_penalties(self._logits(ids, _index(pos, self.device), meta), views)
+            picks.append(x.argmax(dim=-1))
+            row_sets.append(rows)
+        drafts: list[list[int]] = [[] for _ in seqs]
+        for rows, got in zip(row_sets, download(*picks)):
+            for i, t in zip(rows, got.tolist()):
+                drafts[i].append(t)
+        return [Draft(d, None) for d in drafts]
+
+
+def _reads_drafts(params: SamplingParams) -> bool:
+    """Whether drafting for this request reads the drafted ids on the host: it samples, or a penalty counts them."""
+    return params.temperature >= _GREEDY_EPS or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 \
+        or params.frequency_penalty != 0.0
 
 
 # --- verification ---------------------------------------------------------------------------------

@@ -139,6 +139,37 @@ def test_a_decode_step_waits_for_the_gpu_once_for_its_tokens(engine, loaded, gra
         engine.step()
 
 
+def test_a_greedy_draft_step_waits_for_the_gpu_once_to_draft_and_once_to_verify(loaded):
+    """Layer-skip drafting of greedy requests keeps each drafted token on the device for the next draft position
+    and reads the whole draft back once; the verify step reads its picks once."""
+    import warnings
+
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.params import SamplingParams
+    from mainspring.engine.speculative import SpeculativeConfig
+
+    engine = LLMEngine(loaded, EngineConfig(device="cuda", dtype="bf16", kv_cache_mb=128, max_num_batched_tokens=512,
+                                            speculative=SpeculativeConfig("draft", k=3)))
+    for prompt in PROMPTS[:3]:
+        engine.add_request(engine.tokenizer.encode(prompt), SamplingParams(temperature=0, max_tokens=40,
+                                                                           ignore_eos=True))
+    engine.step()
+    steps, drafted = 4, []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                before = engine.spec.num_draft_tokens
+                engine.step()
+                drafted.append(engine.spec.num_draft_tokens - before)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert min(drafted) >= 3, drafted  # every step drafted (and verified)
+    assert len([w for w in caught if "synchronizing" in str(w.message)]) == 2 * steps
+
+
 def test_truncation_on_the_gpu_keeps_the_tokens_the_cpu_keeps():
     """Off the CPU, top-p takes every token as a candidate (one sort, no read of the device) where the CPU looks at
     its likeliest few hundred and buckets the flat rows: the same tokens survive, in peaked and flat rows, with
