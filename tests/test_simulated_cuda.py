@@ -1,4 +1,4 @@
-"""The simulated GPU (tests/simulated_cuda.py) refuses what CUDA refuses and counts what makes the host wait: the
+"""The simulated GPU (tests/simulated_cuda/) refuses what CUDA refuses and counts what makes the host wait: the
 CUDA tests run on it where no GPU is lent, so each rule it enforces is checked here against a program that breaks
 it."""
 

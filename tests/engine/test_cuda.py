@@ -18,7 +18,7 @@ import torch
 
 @pytest.fixture(scope="module", autouse=True)
 def gpu():
-    """The GPU torch sees, or else the simulated one (tests/simulated_cuda.py): each op checked for its device,
+    """The GPU torch sees, or else the simulated one (tests/simulated_cuda/): each op checked for its device,
     its CUDA kernel and the host round trips it makes, then run on the CPU's kernels."""
     if torch.cuda.is_available():
         yield None

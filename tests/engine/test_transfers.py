@@ -1,5 +1,5 @@
 """A step's uploads do not make the host wait, and its read-back waits once for all it reads (on the simulated GPU
-where no GPU is lent: tests/simulated_cuda.py counts the waits); on the CPU neither copies anything."""
+where no GPU is lent: tests/simulated_cuda/ counts the waits); on the CPU neither copies anything."""
 
 import pytest
 import torch

@@ -1,0 +1,68 @@
+"""Streams, events and graphs of the simulated GPU: streams run in order, a graph replays its recorded ops."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tests.simulated_cuda.tensor import DEVICE
+
+if TYPE_CHECKING:
+    from tests.simulated_cuda.kernels import Kernels
+
+
+class CUDAGraph:
+    """Stands in for torch.cuda.CUDAGraph: the ops recorded by a capture, run again at each replay."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+        self._mode: Kernels | None = None
+
+    def replay(self) -> None:
+        if self._mode is None:
+            raise RuntimeError("CUDAGraph.replay: the graph was never captured")
+        self._mode.replay(self)
+
+    def pool(self) -> tuple[str, int]:
+        return ("graph pool", id(self))
+
+    def reset(self) -> None:
+        self.ops.clear()
+
+
+class Stream:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = DEVICE
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        from tests.simulated_cuda.kernels import Kernels  # the kernels layer imports this one
+
+        Kernels.current()._sync("Stream.synchronize")
+
+    def record_event(self, event: Any = None) -> Any:
+        return event or Event()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class Event:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
