@@ -7,6 +7,10 @@
 # --prepare` on a machine that has them) with random weights: the same work per token as the real weights, so speed
 # and the numerics checks (same weights on both sides) hold.
 #
+# Before spending GPU time, dry-run a stage's script here on the simulated GPU (it runs; its figures mean nothing):
+#   MAINSPRING_DEVICE=cuda python -m tests.simulated_cuda bench/fast_variant.py --child fast --repeats 1
+#   python -m tests.simulated_cuda bench/gpu_attention.py --device cuda --out /tmp/attention.json
+#
 #   bench/gpu_check.sh --prepare            # here: tokenizer + config into .gpu/, wheels the GPU box lacks into .whl/
 #   bench/gpu_check.sh OUT_DIR [STAGES]     # there: PYTHONPATH, random weights, then STAGES (default
 #                                           # tests,engine,fast,attention; split them across calls of 10 minutes:

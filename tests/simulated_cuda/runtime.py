@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from tests.simulated_cuda.tensor import DEVICE
@@ -55,14 +56,24 @@ class Stream:
 
 
 class Event:
+    """A CUDA event; its timing is the host's clock (ops run synchronously here), so a timed script runs, and
+    its times say nothing of a GPU."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.at: float | None = None
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.at = time.perf_counter()
 
     def synchronize(self) -> None:
-        pass
+        from tests.simulated_cuda.kernels import Kernels
+
+        Kernels.current()._sync("Event.synchronize")
+
+    def elapsed_time(self, end: Event) -> float:
+        if self.at is None or end.at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end.at - self.at) * 1000.0
 
     def query(self) -> bool:
         return True
