@@ -1,7 +1,8 @@
-"""The engine on CUDA (skipped without a GPU): weights, paged KV and the step's index tensors on the device, in
-bf16; its logits against transformers on the same GPU and the same weights, greedy decoding that gives the
-same tokens alone and in a batch, CUDA graphs, speculative decoding, and int4 layers on torch's CUDA kernel (the
--fast variant there).
+"""The engine on CUDA, on the GPU torch sees or else on the simulated one (tests/simulated_cuda/: CUDA's rules
+enforced, the CPU's kernels computing): weights, paged KV and the step's index tensors on the device, in bf16;
+its logits against transformers on the same device and the same weights, greedy decoding that gives the same
+tokens alone and in a batch, one host wait per step, CUDA graphs, speculative decoding, and int4 layers on
+torch's CUDA kernel (the -fast variant there).
 
 The model is the configured one (MAINSPRING_MODEL: the embedded model, or a Hugging Face folder; the GPU script
 bench/gpu_check.sh points it at a folder of random weights in the embedded model's shape, as nothing can be
