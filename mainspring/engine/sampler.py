@@ -112,7 +112,8 @@ class Sampler:
         # the step's one read of the device: its tokens, with the logprobs asked for
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         ks = [params[r].logprobs or 0 for r in lp_rows]
-        on_device = _score(raw[_index(lp_rows, raw.device)], tokens[_index(lp_rows, raw.device)], ks) if lp_rows else ()
+        lp_index = _index(lp_rows, raw.device) if lp_rows else None
+        on_device = _score(raw[lp_index], tokens[lp_index], ks) if lp_index is not None else ()
         host_tokens, *scored = download(tokens, *on_device)
         token_ids: list[int] = host_tokens.tolist()
         logprobs: list[SampleLogprobs | None] = [None] * num_rows

@@ -204,19 +204,29 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
-        if not any(_reads_drafts(s.params) for s in seqs):
-            return self._propose_greedy(seqs, limits)
+        # Where every row is greedy and no penalty reads the drafted ids, each position's picks feed the next
+        # forward on the device and all come back in one read (on a GPU, one wait per draft, not per position).
+        on_device = not any(_reads_drafts(s.params) for s in seqs)
         drafts: list[list[int]] = [[] for _ in seqs]
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        device_picks: list[tuple[list[int], torch.Tensor]] = []  # (rows, their picks) per position, on_device
         for j in range(max(limits, default=0)):  # one batched draft decode step per draft position
             rows = [i for i, k in enumerate(limits) if k > j]
-            ids = [drafts[i][-1] if j else seqs[i].last_token_id for i in rows]
+            if on_device and j:  # the rows still drafting are a subsequence of the previous position's
+                prev_rows, prev = device_picks[-1]
+                at = {i: r for r, i in enumerate(prev_rows)}
+                ids = prev[_index([at[i] for i in rows], self.device)]
+            else:
+                ids = _index([drafts[i][-1] if j else seqs[i].last_token_id for i in rows], self.device)
             pos = [seqs[i].num_tokens - 1 + j for i in rows]
             meta = AttentionMetadata.build([(seqs[i].block_table, p + 1) for i, p in zip(rows, pos)], [],
                                            self.block_size).to(self.device)
-            views = [DraftView(seqs[i], drafts[i][:]) for i in rows]
-            x = self.sampler.apply_penalties(self._logits(_index(ids, self.device), _index(pos, self.device), meta),
-                                             views)
+            # on the device path the sampler reads only how many drafts there are (min_tokens), never their ids
+            views = [DraftView(seqs[i], [-1] * j if on_device else drafts[i][:]) for i in rows]
+            x = self.sampler.apply_penalties(self._logits(ids, _index(pos, self.device), meta), views)
+            if on_device:
+                device_picks.append((rows, x.argmax(dim=-1)))
+                continue
             picks: list[int] = x.argmax(dim=-1).tolist()
             sampled = [r for r, v in enumerate(views) if v.params.temperature >= _GREEDY_EPS]
             if sampled:
@@ -229,34 +239,10 @@ class DraftModelProposer:
                     qs[rows[r]].append(q[m])
             for r, i in enumerate(rows):
                 drafts[i].append(picks[r])
-        return [Draft(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
-
-    def _propose_greedy(self, seqs: list[Sequence], limits: list[int]) -> list[Draft]:
-        """`propose` where every row is greedy and no penalty reads the drafted ids: each draft position's picks
-        feed the next forward on the device, and all of them come back in one read (on a GPU, one wait for the
-        whole draft instead of one per position)."""
-        picks: list[torch.Tensor] = []
-        row_sets: list[list[int]] = []
-        for j in range(max(limits, default=0)):
-            rows = [i for i, k in enumerate(limits) if k > j]
-            if j == 0:
-                ids = _index([seqs[i].last_token_id for i in rows], self.device)
-            else:  # the rows still drafting are a subsequence of the previous position's
-                at = {i: r for r, i in enumerate(row_sets[-1])}
-                ids = picks[-1][_index([at[i] for i in rows], self.device)]
-            pos = [seqs[i].num_tokens - 1 + j for i in rows]
-            meta = AttentionMetadata.build([(seqs[i].block_table, p + 1) for i, p in zip(rows, pos)], [],
-                                           self.block_size).to(self.device)
-            # what the sampler reads of a draft here is how many there are (min_tokens); their ids stay on the device
-            views = [DraftView(seqs[i], [-1] * j) for i in rows]
-            x = self.sampler.apply_penalties(self._logits(ids, _index(pos, self.device), meta), views)
-            picks.append(x.argmax(dim=-1))
-            row_sets.append(rows)
-        drafts: list[list[int]] = [[] for _ in seqs]
-        for rows, got in zip(row_sets, download(*picks)):
+        for (rows, _), got in zip(device_picks, download(*(p for _, p in device_picks))):
             for i, t in zip(rows, got.tolist()):
                 drafts[i].append(t)
-        return [Draft(d, None) for d in drafts]
+        return [Draft(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
 
 
 def _reads_drafts(params: SamplingParams) -> bool:
