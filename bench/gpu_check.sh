@@ -2,10 +2,11 @@
 # The engine's GPU checks, for a machine with a CUDA GPU and torch + transformers installed but no network and no
 # copy of the weights: tests/engine/test_cuda.py ("tests"), bench/engine.py --device cuda against transformers on the
 # same GPU ("engine"), bench/fast_variant.py --device cuda: bf16 vs int4 vs int4 + n-gram drafts ("fast"), and
-# bench/gpu_attention.py: one layer's attention per chunk, as the engine runs it, and through FlashAttention varlen
-# ("attention"). The model is the embedded one's shape (its config and tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh
-# --prepare` on a machine that has them) with random weights: the same work per token as the real weights, so speed
-# and the numerics checks (same weights on both sides) hold.
+# bench/gpu_attention.py: one layer's attention per chunk, as the engine runs it, through FlashAttention varlen and
+# through FlexAttention over the paged cache ("attention"). The model is the embedded one's shape (its config and
+# tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh --prepare` on a machine that has them) with random
+# weights: the same work per token as the real weights, so speed and the numerics checks (same weights on both
+# sides) hold.
 #
 # Before spending GPU time, dry-run a stage's script here on the simulated GPU (it runs; its figures mean nothing):
 #   MAINSPRING_DEVICE=cuda python -m tests.simulated_cuda bench/fast_variant.py --child fast --repeats 1
@@ -64,5 +65,5 @@ if [[ $stages == *,fast,* ]]; then
     --out "$out/fast_variant_cuda.json" 2>&1 | tee "$out/fast_variant.txt"
 fi
 if [[ $stages == *,attention,* ]]; then
-  timeout 120 python3 bench/gpu_attention.py --device cuda --out "$out/gpu_attention.json" 2>&1 | tee "$out/attention.txt"
+  timeout 240 python3 bench/gpu_attention.py --device cuda --out "$out/gpu_attention.json" 2>&1 | tee "$out/attention.txt"
 fi
