@@ -94,15 +94,47 @@ def make_runtime(tmp_path: Path, db_url: str, model: ChatModel, tools: dict, **s
     return AgentRuntime(s, models=lambda name, project=None: model, tools=tools, db_url=db_url)
 
 
-def drive(runtime: AgentRuntime, body):
-    """Run `body()` (a coroutine function) with the runtime started, and stop it afterwards."""
+DRIVE_TIMEOUT_S = 240.0  # far above any test's own waits (wait_plan: 60 s): past it, a test is stuck
+
+
+def drive(runtime: AgentRuntime, body, timeout_s: float = DRIVE_TIMEOUT_S):
+    """Run `body()` (a coroutine function) with the runtime started, and stop it afterwards. A body or a stop
+    that does not finish in `timeout_s` fails the test with where every task of the loop was waiting (a hang
+    seen once under xdist left only an idle event loop to look at)."""
+    async def bounded(coro, what: str):
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            stuck = tasks_waiting()  # before the cancel unwinds them
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise AssertionError(f"{what} did not finish in {timeout_s:g} s; the loop's tasks:\n{stuck}")
+        return task.result()
+
     async def main():
-        await runtime.start()
+        await bounded(runtime.start(), "runtime.start()")
         try:
-            return await body()
+            return await bounded(body(), "the test body")
         finally:
-            await runtime.stop()
+            await bounded(runtime.stop(), "runtime.stop()")
     return asyncio.run(main())
+
+
+def tasks_waiting() -> str:
+    """Each pending task of the running loop: the chain of awaits it is suspended in, outermost first, down to
+    what it waits on (Task.get_stack gives only the outermost frame of a suspended coroutine)."""
+    lines = []
+    for task in asyncio.all_tasks():
+        chain, awaited = [], task.get_coro()
+        while awaited is not None and len(chain) < 40:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:
+                chain.append(repr(awaited)[:160])  # a future, or a coroutine that finished
+                break
+            chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        lines.append(f"  {task.get_name()}: " + " -> ".join(chain))
+    return "\n".join(sorted(lines))
 
 
 def spec(name: str = "tester", tools=("count",), **limits: Any) -> AgentSpec:
