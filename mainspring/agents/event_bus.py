@@ -39,9 +39,10 @@ class EventBus:
         if self._poller is None or self._poller.done() or self._poller.get_loop() is not asyncio.get_running_loop():
             self._poller = asyncio.create_task(self._poll(), name="event-bus")
         try:
-            await asyncio.wait_for(woken.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await woken.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             waiting = self._waiters.get(run_id)

@@ -243,9 +243,10 @@ class RunLoop:
         delay = state.spec.limits.retry_backoff_s
         for attempt in range(tool.retries + 1):
             try:
-                return await asyncio.wait_for(tool.call(args, ctx), tool.timeout_s)
-            except (asyncio.TimeoutError, TransientToolError) as exc:
-                reason = f"timed out after {tool.timeout_s:g}s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+                async with asyncio.timeout(tool.timeout_s):  # wait_for would lose a cancel that meets the result
+                    return await tool.call(args, ctx)
+            except (TimeoutError, TransientToolError) as exc:
+                reason = f"timed out after {tool.timeout_s:g}s" if isinstance(exc, TimeoutError) else str(exc)
                 if attempt == tool.retries:
                     return ToolResult(f"{call.name} failed: {reason}", is_error=True)
                 await self.env.sleep(backoff_delay(attempt, delay, 60))
@@ -377,12 +378,12 @@ class RunLoop:
         last = ""
         for attempt in range(limits.model_retries + 1):
             try:
-                return await asyncio.wait_for(
-                    model.chat(messages, tools=tools or None, response_format=response_format,
-                               tool_choice="required" if tools and state.spec.tool_choice == "required" else None,
-                               max_tokens=limits.max_tokens, temperature=state.spec.temperature),
-                    limits.step_timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(limits.step_timeout_s):
+                    return await model.chat(
+                        messages, tools=tools or None, response_format=response_format,
+                        tool_choice="required" if tools and state.spec.tool_choice == "required" else None,
+                        max_tokens=limits.max_tokens, temperature=state.spec.temperature)
+            except TimeoutError:
                 last = f"model call timed out after {limits.step_timeout_s:g}s"
             except UpstreamError as exc:
                 if exc.status is not None and exc.status < 500 and exc.status != 429:

@@ -5,6 +5,7 @@ pause to the loops, and lets expired approvals take their default. One per serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,10 +138,11 @@ class Worker:
             except Exception:  # a database hiccup must not kill the worker
                 log.exception("agent worker tick failed")
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), pace.after(found))
-            except asyncio.TimeoutError:
-                pass
+            # not asyncio.wait_for: on Python 3.11 it returns normally when the wake-up and stop()'s cancel land in
+            # the same turn of the loop (CPython gh-86296), and this loop then ran on with stop() waiting for it
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pace.after(found)):
+                    await self._wake.wait()
 
     async def _tick(self, t: float) -> bool:
         """One look: heartbeats, expired interrupts, runs to claim; whether there was work (runs driven, found or

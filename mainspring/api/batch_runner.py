@@ -190,8 +190,9 @@ class BatchRunner:
                         job.task = asyncio.create_task(self._run_batch(job), name=f"batch-{batch_id}")
             except Exception:
                 log.exception("batch runner: cannot read the batches")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_s):  # not wait_for: see agents/worker.py's _run
+                    await self._wake.wait()
 
     def _active(self) -> list[tuple[str, str]]:
         with session(self.db, readonly=True) as s:

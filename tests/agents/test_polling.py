@@ -23,11 +23,11 @@ def test_a_worker_waits_longer_only_after_looks_that_found_nothing(tmp_path, mon
     worker = make_runtime(tmp_path, "sqlite:///" + str(tmp_path / "db.sqlite"), model=None, tools={}).worker
     worker.poll_s = 0.05
     waits: list[float] = []  # what the worker asked to wait after each look
-    real_wait_for = asyncio.wait_for
 
-    async def wait_for(awaitable, timeout):  # recorded, then not waited at all
-        waits.append(timeout)
-        return await real_wait_for(awaitable, 0)
+    class RecordedPace(IdlePace):
+        def after(self, found_work: bool) -> float:  # recorded, then not waited at all
+            waits.append(super().after(found_work))
+            return 0
 
     async def body():
         finished = asyncio.Event()
@@ -39,7 +39,7 @@ def test_a_worker_waits_longer_only_after_looks_that_found_nothing(tmp_path, mon
             return found[len(waits)]
 
         monkeypatch.setattr(worker, "_tick", tick)
-        monkeypatch.setattr(worker_module.asyncio, "wait_for", wait_for)
+        monkeypatch.setattr(worker_module, "IdlePace", RecordedPace)
         await worker.start()
         await finished.wait()
         await worker.stop()
@@ -50,6 +50,28 @@ def test_a_worker_waits_longer_only_after_looks_that_found_nothing(tmp_path, mon
         wait = 0.05 if f else min(wait * 2, IDLE_POLL_S)
         expected.append(wait)
     assert waits[:len(found)] == expected
+
+
+@pytest.mark.parametrize("poller", ["agent worker", "plan scheduler"])
+def test_a_poller_stops_when_a_wake_up_and_the_stop_land_in_the_same_turn(tmp_path, poller):
+    """asyncio.wait_for on Python 3.11 returns normally when its inner wait finishes in the same turn as the cancel
+    (CPython gh-86296): the polling loop then went on, and stop(), awaiting it, waited for ever (a test under xdist
+    hung 30 minutes on this)."""
+    rt = make_runtime(tmp_path, "sqlite:///" + str(tmp_path / "db.sqlite"), model=None, tools={})
+    part = rt.worker if poller == "agent worker" else rt.scheduler
+
+    async def body():
+        await part.start()
+        for _ in range(3):  # a few looks, then idle in the wait
+            await asyncio.sleep(0.05)
+        wake = part.notify if poller == "agent worker" else part.wake
+        wake()  # the wait's event is set: its wake-up is queued ...
+        async with asyncio.timeout(10):
+            await part.stop()  # ... and the cancel lands in the same turn
+        return part._main
+
+    main = asyncio.run(body())
+    assert main is None or (main.done() and main.cancelled())
 
 
 def test_a_plan_scheduler_tick_counts_as_work_only_when_it_acted():

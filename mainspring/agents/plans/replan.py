@@ -145,9 +145,9 @@ async def revise(model: ChatModel, task: Pending, agents: list[planner.AgentSumm
     messages, schema, errors = messages_for(task, offered), revision_schema(names), []
     for attempt in range(1, max(1, attempts) + 1):
         try:
-            text, cut = await asyncio.wait_for(planner.ask(model, messages, schema, MAX_TOKENS, name="revision"),
-                                               timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                text, cut = await planner.ask(model, messages, schema, MAX_TOKENS, name="revision")
+        except TimeoutError:
             raise PlanError(f"the planner model {model.model!r} did not answer within {timeout_s:g} s") from None
         try:
             found = parse_revision(text, set(names), cut=cut)

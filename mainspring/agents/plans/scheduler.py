@@ -31,6 +31,7 @@ output_schema runs with that schema as the run's own, so its final answer is che
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -133,10 +134,9 @@ class PlanScheduler:
             except Exception:  # a database hiccup must not stop scheduling
                 log.exception("plan scheduler tick failed")
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), pace.after(found))
-            except asyncio.TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pace.after(found)):  # not wait_for: see worker.py's _run
+                    await self._wake.wait()
 
     # ---- one tick ------------------------------------------------------------------------------------------
     def tick(self) -> TickReport:

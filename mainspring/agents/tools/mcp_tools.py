@@ -80,10 +80,11 @@ class McpStdioServer:
         self._closing = closing
         self._task = asyncio.create_task(self._own_connection(ready, closing), name=f"mcp-stdio {self.command[0]}")
         try:
-            listing = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                listing = await asyncio.shield(ready)
         except BaseException as exc:
             await self.aclose()
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, TimeoutError):
                 raise ToolError(f"MCP server {self.command!r} did not start within {timeout_s:g} s") from None
             raise
         self.tools = [self._as_tool(t) for t in listing]
@@ -156,8 +157,9 @@ class McpStdioServer:
             return
         self._closing.set()
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), 10)
-        except (asyncio.TimeoutError, Exception):
+            async with asyncio.timeout(10):
+                await asyncio.shield(self._task)
+        except Exception:  # TimeoutError included
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
