@@ -14,8 +14,9 @@
 #
 #   bench/gpu_check.sh --prepare            # here: tokenizer + config into .gpu/, wheels the GPU box lacks into .whl/
 #   bench/gpu_check.sh OUT_DIR [STAGES]     # there: PYTHONPATH, random weights, then STAGES (default
-#                                           # tests,engine,fast,attention; split them across calls of 10 minutes:
-#                                           # tests,fast then engine,attention)
+#                                           # tests,engine,fast,attention; split them across calls of 10 minutes,
+#                                           # what the issue's acceptance needs first: tests,engine then
+#                                           # fast,attention)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
