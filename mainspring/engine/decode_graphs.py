@@ -9,8 +9,8 @@ with one call. A graph fixes its shapes and its tensors' addresses, so a replaye
 - each row attends its whole context through a block table padded to a context bucket (256, 512, ... tokens,
   up to the model's length), masked by its length (attention.StaticDecode); a step pays at most twice the
   attention of its longest row, and no shared-prefix (cascade) path;
-- the inputs (token ids, positions, new slots, block tables, lengths) are copied into the graph's own buffers,
-  one copy each, and the graph's output is read before the next replay.
+- the inputs (token ids, positions, new slots, block tables, lengths) are views of one buffer of the graph's,
+  filled by one copy a step, and the graph's output is read before the next replay.
 
 Graphs are captured lazily, the first time a bucket is needed, in one memory pool (graphs never run at once).
 Steps with a prefill chunk, a KV policy or speculative rows, or beyond the largest bucket, run eagerly as before.
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 import torch
 
 from mainspring.engine.attention import AttentionMetadata, StaticDecode
+from mainspring.engine.transfers import upload
 
 if TYPE_CHECKING:
     from mainspring.engine.model import CausalLM
@@ -61,14 +62,18 @@ class DecodeRow:
 
 @dataclass
 class _Bucket:
-    """One captured shape: its input buffers, its output, and how to run it."""
+    """One captured shape: its input buffer, its output, and how to run it."""
 
-    ids: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B]
-    slot_mapping: torch.Tensor  # [B]
-    block_tables: torch.Tensor  # [B, N]
-    ctx_lens: torch.Tensor  # [B]
+    inputs: torch.Tensor  # [B * (4 + N)] on the device, laid out as `_views` says
+    batch: int  # B
     run: Callable[[], torch.Tensor]  # the replay (static mode: the forward itself); the output [B, hidden]
+
+
+def _views(flat: torch.Tensor, b: int) -> tuple[torch.Tensor, ...]:
+    """ids, positions, slots, lengths ([B] each) and block tables ([B, N]) in one flat buffer of `_Bucket`'s
+    layout: a step fills them on the host and copies the whole buffer once, instead of five copies."""
+    ids, positions, slots, lens = flat[: 4 * b].view(4, b).unbind(0)
+    return ids, positions, slots, lens, flat[4 * b:].view(b, -1)
 
 
 class DecodeGraphs:
@@ -119,29 +124,29 @@ class DecodeGraphs:
         return out[: len(rows)]
 
     def _fill(self, graph: _Bucket, rows: list[DecodeRow]) -> None:
-        b, n = graph.block_tables.shape
+        # one copy, not five; from pageable memory CUDA stages the bytes before it returns (engine/transfers.py)
+        graph.inputs.copy_(self._inputs(graph.batch, graph.inputs.numel() // graph.batch - 4, rows),
+                           non_blocking=True)
+
+    def _inputs(self, b: int, n: int, rows: list[DecodeRow]) -> torch.Tensor:
+        """A bucket's inputs on the host, in `_views`' layout: `rows`, then padding rows that write their K/V into
+        the scratch block and attend only it; a row's unused table entries are the scratch block too."""
         bs = self.block_size
         ids, positions, slots, lens = [0] * b, [0] * b, [self.scratch_block * bs] * b, [1] * b
-        tables = torch.full((b, n), self.scratch_block, dtype=torch.long)
+        tables = [[self.scratch_block] * n for _ in range(b)]
         for i, r in enumerate(rows):
+            used = r.block_table[: -(-(r.position + 1) // bs)]
             ids[i], positions[i], lens[i] = r.token_id, r.position, r.position + 1
-            used = r.block_table[: -(-lens[i] // bs)]
             slots[i] = used[r.position // bs] * bs + r.position % bs
-            tables[i, : len(used)] = torch.tensor(used, dtype=torch.long)
-        for dst, src in ((graph.ids, torch.tensor(ids)), (graph.positions, torch.tensor(positions)),
-                         (graph.slot_mapping, torch.tensor(slots)), (graph.block_tables, tables),
-                         (graph.ctx_lens, torch.tensor(lens))):
-            dst.copy_(src, non_blocking=True)
+            tables[i][: len(used)] = used
+        return torch.tensor([*ids, *positions, *slots, *lens, *(x for row in tables for x in row)], dtype=torch.long)
 
     def _capture(self, b: int, c: int) -> _Bucket:
         dev, bs = self.device, self.block_size
 
-        def zeros(*shape: int, fill: int = 0) -> torch.Tensor:
-            return torch.full(shape, fill, dtype=torch.long, device=dev)
-
-        # the padding row's values: until the first fill, warm-up and capture write only the scratch block
-        ids, positions, lens = zeros(b), zeros(b), zeros(b, fill=1)
-        slot_mapping, tables = zeros(b, fill=self.scratch_block * bs), zeros(b, c // bs, fill=self.scratch_block)
+        # padding rows only: until the first fill, warm-up and capture write only the scratch block
+        inputs = upload(self._inputs(b, c // bs, []), dev)
+        ids, positions, slot_mapping, lens, tables = _views(inputs, b)
         meta = AttentionMetadata(slot_mapping, static=StaticDecode(tables, lens, bs, self.scratch_block * bs))
 
         def forward() -> torch.Tensor:
@@ -150,7 +155,7 @@ class DecodeGraphs:
         run = forward
         if self.mode == "capture":
             run = self._graph(forward)
-        graph = self.graphs[(b, c)] = _Bucket(ids, positions, slot_mapping, tables, lens, run)
+        graph = self.graphs[(b, c)] = _Bucket(inputs, b, run)
         return graph
 
     def _graph(self, forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
