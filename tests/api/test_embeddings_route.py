@@ -11,10 +11,15 @@ from mainspring.api.routes.embeddings import router
 from tests.servers import serve
 
 
-@pytest.fixture(scope="module")
-def embed_server():
+def embeddings_app():
     app = FastAPI()
     app.include_router(router)
+    return app
+
+
+@pytest.fixture(scope="module")
+def embed_server():
+    app = embeddings_app()
     with serve(app, None) as srv:
         yield app, srv.openai_url
 
@@ -25,12 +30,14 @@ def client(embed_server):
         yield c
 
 
-def test_empty_input_is_400(client, embed_server):
-    for bad in ("", [], [""], [[]]):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.embeddings.create(input=bad, model="all-MiniLM-L6-v2", encoding_format="float")
-        assert e.value.status_code == 400
-    assert getattr(embed_server[0].state, "embedder", None) is None  # shape errors never load the model
+def test_empty_input_is_400():
+    app = embeddings_app()  # its own: the module's server has loaded the model once another test embedded
+    with serve(app, None) as srv, openai.OpenAI(base_url=srv.openai_url, api_key="unused", max_retries=0) as client:
+        for bad in ("", [], [""], [[]]):
+            with pytest.raises(openai.BadRequestError) as e:
+                client.embeddings.create(input=bad, model="all-MiniLM-L6-v2", encoding_format="float")
+            assert e.value.status_code == 400
+    assert getattr(app.state, "embedder", None) is None  # shape errors never load the model
 
 
 def test_unknown_model_is_404(client):
