@@ -66,6 +66,12 @@ def test_two_apis_two_workers_survive_kill_9(pg_url, tmp_path, free_tcp_port_fac
     try:
         for proc, port in zip(apis, ports):
             wait_healthy(proc, f"http://127.0.0.1:{port}", tmp_path / f"api-{port}.log", timeout=120)
+        # both workers up before any run exists: under load one started two minutes late, after the other had
+        # taken every run, and then held none to be killed with
+        deadline = time.monotonic() + 180
+        while not all("driving runs" in (tmp_path / f"worker-{i}.log").read_text() for i in range(2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in workers), _log_tails(tmp_path)
+            time.sleep(0.1)
         a, b = (httpx.Client(base_url=f"http://127.0.0.1:{p}/v1", timeout=30,
                              headers={"Authorization": f"Bearer {secret}"}) for p in ports)
         a.post("/agents", json={"name": "counter", "model": "policy", "tools": ["count"]}).raise_for_status()
@@ -75,7 +81,7 @@ def test_two_apis_two_workers_survive_kill_9(pg_url, tmp_path, free_tcp_port_fac
             r.raise_for_status()
             runs.append(r.json()["id"])
         deadline = time.monotonic() + 120
-        # the one to kill must be holding runs: under load it can start late, after the other took the first 64
+        # the one to kill must be holding runs (a worker takes at most 64 at a time: the other gets the rest)
         while len(effects(tmp_path)) < RUNS // 2 or not leases_held(pg_url, workers[0].pid):
             assert time.monotonic() < deadline, ("the workers never got going", _log_tails(tmp_path))
             assert all(p.poll() is None for p in workers), (tmp_path / "worker-0.log").read_text()[-3000:]
