@@ -69,14 +69,20 @@ def build(case: dict, device: torch.device, dtype: torch.dtype, g: torch.Generat
     return meta, q, k, v, k_cache, v_cache, tables
 
 
+def row_lengths(case: dict) -> tuple[list[int], list[int]]:
+    """Each row's new tokens (queries) and the tokens it attends (its context, the new ones included)."""
+    if case["decode"]:
+        return [1] * case["decode"], [case["prefix"] + case["own"] + 1] * case["decode"]
+    return case["chunks"], [case["prefix"] + n for n in case["chunks"]]
+
+
 def varlen(meta: AttentionMetadata, q, k_cache, v_cache, tables, case, scale: float):
     """The same rows through FlashAttention varlen: each row's context gathered into one packed K/V."""
     from torch.nn.attention.varlen import varlen_attn
 
     from mainspring.engine import kv_slots
 
-    lens_q = case["chunks"] or [1] * case["decode"]
-    lens_k = [case["prefix"] + n for n in case["chunks"]] or [case["prefix"] + case["own"] + 1] * case["decode"]
+    lens_q, lens_k = row_lengths(case)
     slots = torch.cat([kv_slots.slots(t, n, BS) for t, n in zip(tables, lens_k)]).to(q.device)
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
@@ -97,8 +103,7 @@ def flex_paged(q, k_cache, v_cache, tables, case, scale: float):
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     device, q_tile = q.device, 128
-    lens_q = case["chunks"] or [1] * case["decode"]
-    ctx = [case["prefix"] + n for n in case["chunks"]] or [case["prefix"] + case["own"] + 1] * case["decode"]
+    lens_q, ctx = row_lengths(case)
     rows, longest, num_blocks = len(lens_q), max(lens_q), k_cache.shape[0] // BS
     tiles = -(-longest // q_tile)
     full: list[list[list[int]]] = [[[] for _ in range(tiles)] for _ in range(rows)]
@@ -112,9 +117,8 @@ def flex_paged(q, k_cache, v_cache, tables, case, scale: float):
                 (full if (j + 1) * BS - 1 <= first else partial)[r][t].append(table[j])
 
     def packed(lists):  # as wide as the cache: the q-block transpose densifies over every block id
-        width = num_blocks
         counts = torch.tensor([[len(x) for x in row] for row in lists], dtype=torch.int32)
-        indices = torch.tensor([[x + [0] * (width - len(x)) for x in row] for row in lists], dtype=torch.int32)
+        indices = torch.tensor([[x + [0] * (num_blocks - len(x)) for x in row] for row in lists], dtype=torch.int32)
         return counts[:, None], indices[:, None]  # [rows, 1 (heads), tiles(, width)]
 
     start = torch.tensor([c - n for n, c in zip(lens_q, ctx)], device=device)
@@ -174,7 +178,7 @@ def measure_case(case: dict, device: torch.device, dtype: torch.dtype, g: torch.
     methods = {name: partial(paged_attention, q, k, v, (k_cache, v_cache), m, scale) for name, m in metas.items()}
     if device.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("torch.nn.attention.varlen"):
         methods["varlen"] = varlen(meta, q, k_cache, v_cache, tables, case, scale)  # torch 2.10 and later
-    if device.type == "cuda" or flex:  # on the CPU only when asked: a check of its block mask (compiling takes ~1 min)
+    if device.type == "cuda" or flex:  # on the CPU only when asked: a check of its block mask (compiling: ~20 s)
         methods["flex"] = flex_paged(q, k_cache, v_cache, tables, case, scale)
     ref = methods["per-chunk"]().float()
     row = {}
@@ -195,7 +199,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "gpu_attention.json"))
-    ap.add_argument("--flex", action="store_true", help="on the CPU too: eager FlexAttention, to check its masks")
+    ap.add_argument("--flex", action="store_true", help="on the CPU too: compiled flex, a block-mask check")
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]

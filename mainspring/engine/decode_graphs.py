@@ -66,6 +66,7 @@ class _Bucket:
 
     inputs: torch.Tensor  # [B * (4 + N)] on the device, laid out as `_views` says
     batch: int  # B
+    width: int  # N, the block table's entries per row
     run: Callable[[], torch.Tensor]  # the replay (static mode: the forward itself); the output [B, hidden]
 
 
@@ -125,8 +126,7 @@ class DecodeGraphs:
 
     def _fill(self, graph: _Bucket, rows: list[DecodeRow]) -> None:
         # one copy, not five; from pageable memory CUDA stages the bytes before it returns (engine/transfers.py)
-        graph.inputs.copy_(self._inputs(graph.batch, graph.inputs.numel() // graph.batch - 4, rows),
-                           non_blocking=True)
+        graph.inputs.copy_(self._inputs(graph.batch, graph.width, rows), non_blocking=True)
 
     def _inputs(self, b: int, n: int, rows: list[DecodeRow]) -> torch.Tensor:
         """A bucket's inputs on the host, in `_views`' layout: `rows`, then padding rows that write their K/V into
@@ -145,7 +145,8 @@ class DecodeGraphs:
         dev, bs = self.device, self.block_size
 
         # padding rows only: until the first fill, warm-up and capture write only the scratch block
-        inputs = upload(self._inputs(b, c // bs, []), dev)
+        n = c // bs
+        inputs = upload(self._inputs(b, n, []), dev)
         ids, positions, slot_mapping, lens, tables = _views(inputs, b)
         meta = AttentionMetadata(slot_mapping, static=StaticDecode(tables, lens, bs, self.scratch_block * bs))
 
@@ -155,7 +156,7 @@ class DecodeGraphs:
         run = forward
         if self.mode == "capture":
             run = self._graph(forward)
-        graph = self.graphs[(b, c)] = _Bucket(inputs, b, run)
+        graph = self.graphs[(b, c)] = _Bucket(inputs, b, n, run)
         return graph
 
     def _graph(self, forward: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
