@@ -2,6 +2,7 @@
 shared prompt's cache hits where round-robin loses them, and a replica killed mid-request hands it on."""
 
 import asyncio
+from collections import Counter
 
 import pytest
 
@@ -35,10 +36,14 @@ def test_prefix_routing_keeps_the_cache_hits_round_robin_loses(pool):
         return outs
 
     pool.router = PrefixRouter(pool.replicas, RouterConfig(policy="prefix", block_size=16))
-    before = {n: s.requests for n, s in pool.stats.items()}  # the module's other test may have run first
+
+    def requests() -> Counter[str]:
+        return Counter({n: s.requests for n, s in pool.stats.items()})
+
+    before = requests()  # the module's other test may have run first
     by_prefix = _run(turns(SYSTEM, 3))
     assert by_prefix[0].usage.cached_tokens < 192 <= min(o.usage.cached_tokens for o in by_prefix[1:])
-    served = {n: s.requests - before.get(n, 0) for n, s in pool.stats.items() if s.requests > before.get(n, 0)}
+    served = requests() - before  # the replicas that served these turns, and how many each
     assert list(served.values()) == [3], served  # every turn on the replica that cached the prompt
 
     other = [5 + (11 * i) % 4000 for i in range(200)]  # a prompt neither replica holds
