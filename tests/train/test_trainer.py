@@ -176,6 +176,38 @@ def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
     assert (out / "changes.json").exists()
 
 
+def test_a_torchrun_rank_leaves_its_process_group_only_after_a_good_run(monkeypatch):
+    """A run that ends well destroys its group (a process that exits with a gloo group up can abort in
+    gloo's threads, and torchrun then calls the run failed); a failed one leaves it alone, since a
+    teardown could wait forever on a peer stuck in a collective."""
+    import socket
+
+    import torch.distributed as dist
+
+    from mainspring.train.cli import _distributed
+
+    def launched_by_torchrun():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in {"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                     "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+            monkeypatch.setenv(k, v)
+
+    launched_by_torchrun()
+    try:
+        with _distributed() as rank:
+            assert rank == 0 and dist.is_initialized()
+        assert not dist.is_initialized()
+        launched_by_torchrun()
+        with pytest.raises(RuntimeError, match="a failed step"), _distributed():
+            raise RuntimeError("a failed step")
+        assert dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("lora", [None, {"r": 4}])
 def test_kl_to_the_reference_and_several_updates_per_batch(tiny, tmp_path, lora):
     """With beta > 0 the KL to the starting model is 0 before any update and grows after one (the

@@ -167,6 +167,7 @@ def _ddp_worker(rank: int, world: int, init: str, out: str, items: list[TrainIte
         up.step(items[rank::world])
         if rank == 0:
             torch.save({n: p.detach() for n, p in up.policy.trainable().items()}, out)
+        dist.barrier()  # neither rank tears its connections down while the other still uses them
     finally:
         dist.destroy_process_group()
 
