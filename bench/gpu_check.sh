@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The engine's GPU checks, for a machine with a CUDA GPU and torch + transformers installed but no network and no
-# copy of the weights: tests/engine/test_cuda.py ("tests"), bench/engine.py --device cuda against transformers on the
-# same GPU ("engine"), bench/fast_variant.py --device cuda: bf16 vs int4 vs int4 + n-gram drafts ("fast"), and
-# bench/gpu_attention.py: one layer's attention per chunk, as the engine runs it, through FlashAttention varlen and
-# through FlexAttention over the paged cache ("attention"). The model is the embedded one's shape (its config and
-# tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh --prepare` on a machine that has them) with random
-# weights: the same work per token as the real weights, so speed and the numerics checks (same weights on both
-# sides) hold.
+# copy of the weights: tests/engine/test_cuda.py and the trainer's process-group tests ("tests"), bench/engine.py
+# --device cuda against transformers on the same GPU ("engine"), bench/fast_variant.py --device cuda: bf16 vs int4 vs
+# int4 + n-gram drafts ("fast"), and bench/gpu_attention.py: one layer's attention per chunk, as the engine runs it,
+# through FlashAttention varlen and through FlexAttention over the paged cache ("attention"). The model is the
+# embedded one's shape (its config and tokenizer, copied into .gpu/smollm2 by `bench/gpu_check.sh --prepare` on a
+# machine that has them) with random weights: the same work per token as the real weights, so speed and the numerics
+# checks (same weights on both sides) hold.
 #
 # Before spending GPU time, dry-run a stage's script here on the simulated GPU (it runs; its figures mean nothing):
 #   MAINSPRING_DEVICE=cuda python -m tests.simulated_cuda bench/fast_variant.py --child fast --repeats 1
@@ -28,7 +28,8 @@ print(load_model('smollm2', Settings().cache_dir).path)")
   # what mainspring.engine imports beyond torch, numpy, tokenizers, rich (those the GPU image has)
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-    pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
+    pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv \
+    typer shellingham annotated-doc pyyaml safetensors  # and what the torchrun tests of mainspring.train import
   exit
 fi
 
@@ -56,6 +57,9 @@ EOF
 
 if [[ $stages == *,tests,* ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py 2>&1 | tee "$out/test_cuda.txt"
+  # the trainer's policy stays on the CPU where a GPU is visible: its gradients must go over gloo, not NCCL
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py -k torchrun_rank 2>&1 \
+    | tee "$out/test_torchrun_rank.txt"
 fi
 if [[ $stages == *,engine,* ]]; then
   timeout 300 python3 bench/engine.py --device cuda --engines mainspring,transformers --threads 4 \

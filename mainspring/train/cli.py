@@ -38,16 +38,22 @@ def _distributed() -> Iterator[int]:
     can abort in the group's native threads ("terminate called without an active exception"), and
     torchrun then calls the whole run failed. The barrier first keeps one rank from tearing down its
     connections while a peer still finishes. A rank that fails leaves without either, as torchtitan
-    does: a teardown can wait forever on a peer that is stuck in a collective."""
+    does: a teardown can wait forever on a peer that is stuck in a collective.
+
+    The policy trains on the CPU even where a GPU is visible, so CPU tensors always go over gloo
+    (NCCL refuses them); NCCL is added for CUDA tensors where torch has it."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_torchelastic_launched() or dist.is_initialized():
         yield dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         return
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    gpu = torch.cuda.is_available() and dist.is_nccl_available()
+    dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")
     yield dist.get_rank()
-    dist.barrier()
+    # the barrier: a CPU all-reduce goes over gloo, where dist.barrier() would take NCCL on the current GPU
+    # (every rank on GPU 0 when several share one, which NCCL refuses)
+    dist.all_reduce(torch.zeros(1))
     dist.destroy_process_group()
 
 

@@ -41,7 +41,7 @@ class TrainItem:
 
 
 class World:
-    """Data parallelism over torch.distributed (gloo on CPU, NCCL on GPU); one process = size 1."""
+    """Data parallelism over torch.distributed (the tensors are the CPU policy's: gloo); one process = size 1."""
 
     def __init__(self) -> None:
         import torch.distributed as dist

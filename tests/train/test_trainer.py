@@ -3,6 +3,7 @@ run of the embedded model: resume equivalence, scorer failures counted, clear er
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,36 +177,73 @@ def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
     assert (out / "changes.json").exists()
 
 
+def launched_by_torchrun(monkeypatch) -> None:
+    """The variables torchrun gives a rank of a one-process world, with a free rendezvous port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                 "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(k, v)
+
+
 def test_a_torchrun_rank_leaves_its_process_group_only_after_a_good_run(monkeypatch):
     """A run that ends well destroys its group (a process that exits with a gloo group up can abort in
     gloo's threads, and torchrun then calls the run failed); a failed one leaves it alone, since a
     teardown could wait forever on a peer stuck in a collective."""
-    import socket
-
     import torch.distributed as dist
 
     from mainspring.train.cli import _distributed
 
-    def launched_by_torchrun():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for k, v in {"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                     "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-            monkeypatch.setenv(k, v)
-
-    launched_by_torchrun()
+    launched_by_torchrun(monkeypatch)
     try:
         with _distributed() as rank:
             assert rank == 0 and dist.is_initialized()
         assert not dist.is_initialized()
-        launched_by_torchrun()
+        launched_by_torchrun(monkeypatch)
         with pytest.raises(RuntimeError, match="a failed step"), _distributed():
             raise RuntimeError("a failed step")
         assert dist.is_initialized()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _torchrun_rank_sums(rank: int, port: int, out: str) -> None:
+    import os
+    from contextlib import nullcontext
+
+    import torch.distributed as dist
+
+    from mainspring.train.cli import _distributed
+    from mainspring.train.update import World
+    from tests.simulated_cuda import SimulatedCuda
+
+    os.environ.update({"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+    torch.set_num_threads(1)
+    with nullcontext() if torch.cuda.is_available() else SimulatedCuda(), torch.no_grad():
+        assert torch.cuda.is_available()
+        with _distributed():
+            total = World().all_reduce(torch.tensor([rank + 1.0])).item()
+        Path(out, str(rank)).write_text(f"{total} {dist.is_initialized()}")
+
+
+def test_torchrun_ranks_where_a_gpu_is_visible_still_sum_cpu_gradients(tmp_path):
+    """The policy trains on the CPU even on a GPU machine: its all-reduce must go over gloo, since NCCL
+    refuses CPU tensors (and a CPU-only torch has no NCCL at all), and so must the barrier before the
+    teardown (two ranks sharing one GPU is what NCCL refuses). A real GPU where there is one."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_torchrun_rank_sums, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    assert [(tmp_path / str(r)).read_text() for r in (0, 1)] == ["3.0 False", "3.0 False"]
 
 
 @pytest.mark.parametrize("lora", [None, {"r": 4}])
