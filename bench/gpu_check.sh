@@ -25,11 +25,11 @@ if [ "${1:-}" = "--prepare" ]; then
 print(load_model('smollm2', Settings().cache_dir).path)")
   mkdir -p .gpu/smollm2 .whl
   cp "$model"/{tokenizer.json,tokenizer_config.json,config.json,generation_config.json} .gpu/smollm2/
-  # what mainspring.engine imports beyond torch, numpy, tokenizers, rich (those the GPU image has)
+  # what mainspring.engine and the trainer's process-group tests import beyond the GPU image's packages (torch,
+  # numpy, tokenizers, rich, typer, pyyaml, safetensors, pytest)
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-    pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv \
-    typer shellingham annotated-doc pyyaml safetensors  # and what the torchrun tests of mainspring.train import
+    pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
   exit
 fi
 
