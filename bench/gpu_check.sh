@@ -40,6 +40,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export MAINSPRING_DATA_DIR=/tmp/mainspring-data MAINSPRING_MODEL=/tmp/smollm2-random
+export MAINSPRING_TEST_GPU=1  # the tests see the GPU (tests/conftest.py hides it otherwise)
 nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$out/gpu.txt"

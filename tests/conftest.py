@@ -4,6 +4,11 @@
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite tests the CPU path wherever it runs: an engine left on device "auto" would take a visible GPU in bf16,
+# and the CPU tests expect fp32's answers. With MAINSPRING_TEST_GPU=1 (bench/gpu_check.sh sets it) torch sees the
+# GPU, and tests/engine/test_cuda.py runs on it instead of on the simulated one.
+if os.environ.get("MAINSPRING_TEST_GPU") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""The engine on CUDA, on the GPU torch sees or else on the simulated one (tests/simulated_cuda/: CUDA's rules
+"""The engine on CUDA, on the GPU torch sees (under MAINSPRING_TEST_GPU=1; tests/conftest.py hides it otherwise) or
+else on the simulated one (tests/simulated_cuda/: CUDA's rules
 enforced, the CPU's kernels computing): weights, paged KV and the step's index tensors on the device, in bf16;
 its logits against transformers on the same device and the same weights, greedy decoding that gives the same
 tokens alone and in a batch, one host wait per step, CUDA graphs, speculative decoding, and int4 layers on
