@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mainspring.engine.kv_policy import MAX_SPAN_TOKENS
 from mainspring.engine.outputs import Usage
 
 _LENIENT = ConfigDict(extra="allow", populate_by_name=True)
@@ -100,10 +101,10 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = Field(None, ge=0)
     # Mainspring's KV policy per request (engine/kv_policy.py); 0 turns the engine default off.
     # A window lets the request run past the model's trained context in bounded memory.
-    attention_window: int | None = Field(None, ge=0)
+    attention_window: int | None = Field(None, ge=0, le=MAX_SPAN_TOKENS)
     attention_sinks: int | None = Field(None, ge=0)
-    kv_hot_tokens: int | None = Field(None, ge=0)
-    kv_snap_tokens: int | None = Field(None, ge=0)
+    kv_hot_tokens: int | None = Field(None, ge=0, le=MAX_SPAN_TOKENS)
+    kv_snap_tokens: int | None = Field(None, ge=0, le=MAX_SPAN_TOKENS)
     # vLLM's constrained decoding (routes.vllm_guided); guided_grammar is Lark, as the engine takes it
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

@@ -34,6 +34,8 @@ from mainspring.engine.errors import InvalidRequestError
 
 DEFAULT_SINK_TOKENS = 4
 SNAP_OBSERVE = 32  # SnapKV's observation window: the prompt's last queries vote for the blocks to keep
+# the longest span a request may name: past any KV cache, and past int64 one cannot even enter an index tensor
+MAX_SPAN_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class KVPolicy:
         return -(-self.sink_tokens // block_size) if self.sink_tokens else 0
 
     def validate(self, block_size: int) -> "KVPolicy":
+        for name, span in (("attention_window", self.window), ("kv_hot_tokens", self.hot_tokens),
+                           ("kv_snap_tokens", self.snap_tokens)):
+            if span is not None and span > MAX_SPAN_TOKENS:
+                raise InvalidRequestError(f"{name} must be at most {MAX_SPAN_TOKENS} tokens")
         # Two blocks of margin: the newest block is being written, and mark_computed reads the
         # hash of the block before it when it registers a newly full block.
         if self.window is not None and self.window < 2 * block_size:

@@ -52,6 +52,7 @@ def test_a_window_runs_a_prompt_past_the_dense_context(client, embedded):
     ({"attention_window": 8}, None, "attention_window must be at least 32"),
     ({"kv_hot_tokens": 64}, None, "cold KV tier"),
     ({"attention_window": -5}, "attention_window", "greater than or equal to 0"),
+    ({"attention_window": 10**31}, "attention_window", "less than or equal to 2147483647"),
 ])
 def test_bad_policies_are_openai_style_400s(client, extra, param, words):
     with pytest.raises(openai.BadRequestError) as e:

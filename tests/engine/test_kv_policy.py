@@ -84,6 +84,8 @@ def test_bad_policies_are_clear_errors(engine):
         engine.add_request("hi", SamplingParams(attention_window=8))
     with pytest.raises(InvalidRequestError, match="cold KV tier"):
         engine.add_request("hi", SamplingParams(kv_hot_tokens=64))
+    with pytest.raises(InvalidRequestError, match="attention_window must be at most 2147483647 tokens"):
+        engine.add_request("hi", SamplingParams(attention_window=10**31))  # past int64: it once failed the step
     with pytest.raises(InvalidRequestError, match="non-negative"):
         SamplingParams(attention_window=-1)
     with pytest.raises(ValueError, match="unknown kv policy"):
