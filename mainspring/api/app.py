@@ -8,11 +8,12 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from mainspring import __version__
 from mainspring.api.body_limit import BodyLimit
 from mainspring.api.economics import Economics
-from mainspring.api.errors import install_error_handlers
+from mainspring.api.errors import engine_stopped_error, error_body, install_error_handlers
 from mainspring.api.finetuned import FineTunedModels
 from mainspring.api.routes import api_router, console
 from mainspring.billing.trace import TraceRecorder
@@ -123,8 +124,14 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
     app.include_router(api_router())
     app.include_router(console.router)  # the web console at / (static files; its data comes from /v1 with a key)
 
-    @app.get("/health")
-    async def health() -> dict:
+    @app.get("/health", response_model=None)
+    async def health() -> dict | JSONResponse:
+        engines = [e for e in (app.state.engine, getattr(app.state, "fast_engine", None)) if e is not None]
+        stopped = [e.engine.name for e in engines
+                   if getattr(e, "stopped", None) is not None]  # replicas heal themselves (cluster/)
+        if stopped:  # a 503 that a supervisor acts on: only a restart brings the engine back
+            return JSONResponse(error_body(engine_stopped_error(), False) | {"status": "engine stopped",
+                                                                            "models": stopped}, status_code=503)
         eng = app.state.engine.engine
         out = {"status": "ok", "version": __version__, "model": eng.name, **eng.stats()}
         fast = getattr(getattr(app.state, "fast_engine", None), "engine", None)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mainspring.engine.errors import EngineError, InvalidRequestError
+from mainspring.engine.errors import EngineError, EngineStoppedError, InvalidRequestError
 from mainspring.store.db import is_busy_error
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(request, _http_error(exc))
 
+    @app.exception_handler(EngineStoppedError)
+    async def _engine_stopped(request: Request, exc: EngineStoppedError) -> JSONResponse:
+        return error_response(request, engine_stopped_error())
+
     @app.exception_handler(EngineError)
     async def _engine(request: Request, exc: EngineError) -> JSONResponse:
         log.error("engine error on %s: %s", request.url.path, exc)
@@ -187,3 +191,9 @@ def busy_error() -> APIError:
     """503 + Retry-After: another process holds the database's write lock past the busy timeout."""
     return APIError(503, "the database is busy (another process holds its write lock); retry shortly",
                     code="database_busy", headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+
+
+def engine_stopped_error() -> APIError:
+    """503: the engine stopped after failed steps (engine/async_engine.py); a restart brings it back."""
+    return APIError(503, "the engine stopped after a failed step (the server log says why); restart the server",
+                    code="engine_stopped")

@@ -4,11 +4,17 @@ The HTTP server and the chat CLI run on an event loop; the model runs on the pro
 thread (mainspring/compute.py: one thread for every engine, so torch keeps one thread pool) so a
 forward pass never blocks the loop. Every engine call holds one lock, so adds and aborts from the
 loop interleave safely with steps.
+
+A step that raises fails every request in the engine (each stream gets the error) and aborts them; the engine
+then serves new requests if that left it whole (no request, every KV block free). STOP_AFTER_FAILED_STEPS failed
+steps in a row mean the engine, not a request, is broken (a lost GPU context fails every step): it stops, /health
+says so, and every later request gets EngineStoppedError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import AsyncIterator
@@ -16,8 +22,13 @@ from typing import AsyncIterator
 from mainspring.compute import compute_thread
 from mainspring.engine.decode_rate import DecodeRate
 from mainspring.engine.engine import LLMEngine, Prompt
+from mainspring.engine.errors import EngineStepError, EngineStoppedError
 from mainspring.engine.outputs import RequestOutput
 from mainspring.engine.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+STOP_AFTER_FAILED_STEPS = 3
 
 
 class AsyncLLMEngine:
@@ -28,9 +39,15 @@ class AsyncLLMEngine:
         self._aborts: list[str] = []
         self._closed = False
         self._error: BaseException | None = None
+        self._failed_in_a_row = 0
         self._compute = compute_thread()
         self._compute.register(self)
         self.decode_rate = DecodeRate()  # what the plan scheduler's admission reads (engine/decode_rate.py)
+
+    @property
+    def stopped(self) -> BaseException | None:
+        """The error the engine stopped on (then it serves nothing more), or None while it serves."""
+        return self._error
 
     @property
     def tokenizer(self):
@@ -42,13 +59,13 @@ class AsyncLLMEngine:
 
         Leaving the iteration early (client gone, task cancelled) aborts the request.
         """
-        if self._error is not None:
-            raise RuntimeError("the engine loop stopped") from self._error
+        self._raise_if_stopped()
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         def add() -> str:  # on a worker thread: waiting for the lock must not block the event loop
             with self._lock:
+                self._raise_if_stopped()  # it may have stopped since: a request added now would wait forever
                 rid = self.engine.add_request(prompt, params, request_id, priority, cache_salt)
                 self._queues[rid] = (loop, queue)
             self._compute.wake()
@@ -69,7 +86,7 @@ class AsyncLLMEngine:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    raise RuntimeError("the engine failed while serving this request") from item
+                    raise EngineStepError("the engine failed while serving this request") from item
                 yield item
                 if item.finished:
                     finished = True
@@ -111,25 +128,57 @@ class AsyncLLMEngine:
                 started = time.perf_counter()
                 outputs = self.engine.step()
                 took = time.perf_counter() - started
-            except BaseException as exc:  # deliver to every waiting stream instead of dying silently
-                self._error = exc
-                self._compute.unregister(self)
-                for loop, q in self._queues.values():
-                    try:
-                        loop.call_soon_threadsafe(q.put_nowait, exc)
-                    except RuntimeError:  # its event loop is closed: nobody waits on that stream
-                        pass
-                self._queues.clear()
+            except Exception as exc:  # the engine's state is settled before a waiting stream hears of it
+                self._failed_in_a_row += 1
+                log.exception("an engine step failed; its %d request(s) fail with it", len(self._queues))
+                if self._failed_in_a_row >= STOP_AFTER_FAILED_STEPS:
+                    log.error("the engine stops: %d steps failed in a row", self._failed_in_a_row)
+                    self._stop(exc)
+                elif not self._recover():
+                    self._stop(exc)
+                self._fail_streams(exc)
                 return False
+            except BaseException as exc:  # deliver to every waiting stream instead of dying silently
+                self._stop(exc)
+                self._fail_streams(exc)
+                return False
+            self._failed_in_a_row = 0
             self.decode_rate.record(sum(len(o.delta_token_ids) for o in outputs), took)
             for out in outputs:
                 target = self._queues.get(out.request_id)
                 if target is None:
                     continue
                 if out.finished:
-                    del self._queues[out.request_id]
+                    self._queues.pop(out.request_id, None)  # abort() may pop it from the loop's thread meanwhile
                 try:
                     target[0].call_soon_threadsafe(target[1].put_nowait, out)
                 except RuntimeError:  # its event loop is closed (that server stopped): nobody to tell
                     self._queues.pop(out.request_id, None)
         return True
+
+    def _recover(self) -> bool:
+        try:
+            if self.engine.recover():
+                return True
+            log.error("the engine stops: aborting the failed step's requests did not leave it whole")
+        except Exception:
+            log.exception("the engine stops: aborting the failed step's requests raised")
+        return False
+
+    def _raise_if_stopped(self) -> None:
+        if self._error is not None:
+            raise EngineStoppedError("the engine stopped after a failed step (the server log says why); restart "
+                                     "the server") from self._error
+
+    def _fail_streams(self, exc: BaseException) -> None:
+        # a snapshot: each stream told aborts its request from the event loop's thread, which pops from _queues
+        waiting, self._queues = self._queues, {}
+        for loop, q in waiting.values():
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, exc)
+            except RuntimeError:  # its event loop is closed: nobody waits on that stream
+                pass
+
+    def _stop(self, exc: BaseException) -> None:
+        self._error = exc
+        self._compute.unregister(self)

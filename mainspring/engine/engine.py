@@ -268,6 +268,13 @@ class LLMEngine:
         req.seq.finish_reason = "abort"
         return self._output(req, [], "", finished=True)
 
+    def recover(self) -> bool:
+        """After a step raised: abort every request, then whether the engine is whole again to serve new ones (no
+        request left, every KV block free or merely cached)."""
+        for request_id in list(self._requests):
+            self.abort(request_id)
+        return not self.has_unfinished() and self.block_manager.num_free_blocks == self.block_manager.num_blocks
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -21,3 +21,12 @@ class InvalidRequestError(EngineError, ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class EngineStepError(EngineError, RuntimeError):
+    """The step serving this request raised (a bug, a broken device): the request is lost, and the engine goes on
+    with the next ones (engine/async_engine.py). The cause is the step's own exception."""
+
+
+class EngineStoppedError(EngineError):
+    """The engine stopped serving after a failed step it could not recover from; the server must be restarted."""

@@ -1,5 +1,5 @@
 """The compute thread: jobs and every engine's steps run on one thread; a failing engine fails only its own
-requests."""
+requests, and recovers unless its steps keep failing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from mainspring.compute import ComputeThread, compute_thread
-from mainspring.engine.async_engine import AsyncLLMEngine
+from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS, AsyncLLMEngine
+from mainspring.engine.errors import EngineStoppedError
 
 
 @dataclass
@@ -25,7 +26,8 @@ class FakeEngine:
     """TEST-ONLY: an LLMEngine-shaped object; each step advances every request by one output, the last finished."""
 
     steps_per_request: int = 3
-    fail_on_step: int | None = None
+    fail_on_step: int | None = None  # this step and every later one raise
+    recovered: int = 0
     threads: set[str] = field(default_factory=set)
     left: dict[str, int] = field(default_factory=dict)
     steps: int = 0
@@ -41,6 +43,11 @@ class FakeEngine:
 
     def abort(self, rid: str) -> None:
         self.left.pop(rid, None)
+
+    def recover(self) -> bool:
+        self.recovered += 1
+        self.left.clear()
+        return True
 
     def step(self) -> list[Out]:
         self.threads.add(threading.current_thread().name)
@@ -87,8 +94,25 @@ def test_a_failing_engine_fails_its_requests_and_the_others_go_on():
     assert isinstance(failed, RuntimeError) and "the engine failed" in str(failed)
     assert isinstance(failed.__cause__, RuntimeError) and str(failed.__cause__) == "the kernel broke"
     assert ok.finished and good.steps == 5
-    with pytest.raises(RuntimeError, match="engine loop stopped"):
-        asyncio.run(eb.generate([3]))
+    assert bad.recovered == 1 and eb.stopped is None  # one failed step: its requests fail, the engine serves on
+
+
+def test_failed_steps_in_a_row_stop_the_engine():
+    """A request that breaks a step fails (and the engine recovers), but STOP_AFTER_FAILED_STEPS failures in a row
+    say the engine itself is broken: it stops, and a later request is refused at once."""
+    broken = FakeEngine(fail_on_step=1)
+    eng = AsyncLLMEngine(broken)
+    try:
+        for n in range(STOP_AFTER_FAILED_STEPS):
+            with pytest.raises(RuntimeError, match="the engine failed while serving this request"):
+                asyncio.run(eng.generate([n]))
+        assert broken.recovered == STOP_AFTER_FAILED_STEPS - 1
+        assert str(eng.stopped) == "the kernel broke"
+        with pytest.raises(EngineStoppedError, match="restart the server"):
+            asyncio.run(eng.generate([9]))
+        assert broken.steps == STOP_AFTER_FAILED_STEPS
+    finally:
+        eng.close()
 
 
 def test_a_job_submitted_from_a_job_runs_at_once_and_errors_reach_the_caller():
