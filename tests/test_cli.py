@@ -1,12 +1,13 @@
 """The `mainspring` CLI as a user runs it: a real process, the embedded model, exit codes."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import httpx
 import pytest
+
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +40,6 @@ def test_bad_input_exits_2_with_a_message(embedded):
     assert proc.returncode == 2 and "top_p" in proc.stderr and "Traceback" not in proc.stderr
     proc = run("generate", "hi", env={"MAINSPRING_MODEL": "/nonexistent/model.gguf"})
     assert proc.returncode == 2 and "/nonexistent/model.gguf" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_up_serves_health_then_down(embedded, tmp_path):

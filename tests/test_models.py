@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 from fastapi import FastAPI, Request
@@ -16,6 +15,7 @@ from mainspring.engine.outputs import Usage
 from mainspring.models import Completion, LocalModel, OpenAICompatibleModel, ToolCall, UpstreamError
 from mainspring.tool_calls import (ToolChoice, call_schema, openai_messages, openai_tool_choice, openai_tools,
                                    parse_tool_calls, template_messages)
+from tests.ports import free_port
 from tests.scripted_model import ScriptedModel
 from tests.servers import serve
 
@@ -66,12 +66,6 @@ STREAM_EVENTS = [
     {"id": "c1", "object": "chat.completion.chunk", "choices": [],
      "usage": {"prompt_tokens": 50, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 32}}},
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +157,7 @@ def test_remote_retries_are_bounded(remote, upstream):
 
 
 def test_remote_unreachable():
-    model = OpenAICompatibleModel(f"http://127.0.0.1:{_free_port()}/v1", model="m", max_retries=1, backoff_s=0.01)
+    model = OpenAICompatibleModel(f"http://127.0.0.1:{free_port()}/v1", model="m", max_retries=1, backoff_s=0.01)
     with pytest.raises(UpstreamError) as e:
         run(model.chat([{"role": "user", "content": "x"}]))
     assert e.value.status is None and "unreachable" in str(e.value)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from mainspring.agents.client import run_events
 from mainspring.agents.render import describe
 from mainspring.store.db import get_engine
 from tests.api.test_agent_routes import PRICED_MODEL, TERMINAL, agent_server, wait_status
+from tests.ports import free_port
 
 cli = typer.Typer()
 cli.command("run")(run_cmd)
@@ -57,12 +57,6 @@ def server(tmp_path, monkeypatch):
                             ("DATABASE_URL", f"sqlite:///{tmp_path}/db.sqlite")):
             monkeypatch.setenv(f"MAINSPRING_{name}", value)
         yield s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_no_server_exits_2_with_a_message(monkeypatch):

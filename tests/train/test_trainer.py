@@ -14,6 +14,7 @@ from mainspring.train.checkpoint import CheckpointError
 from mainspring.train.config import TrainConfig
 from mainspring.train.domains.base import Domain, DomainSettings, Sample, Score
 from mainspring.train.trainer import run_training
+from tests.ports import free_port
 from tests.train.tiny import tiny_config, tiny_state
 
 
@@ -147,7 +148,6 @@ def test_bad_configs_name_the_problem(tmp_path):
 def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
     """`torchrun --nproc-per-node 2 -m mainspring train`: both ranks roll out their share, rank 0 writes."""
     import os
-    import socket
     import subprocess
     import sys
 
@@ -163,9 +163,7 @@ def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
                    "max_tokens: 6}]\nsteps: 2\nprompts_per_step: 4\ngroup_size: 2\nlora: {r: 4}\nthreads: 1\n"
                    "eval_size: 2\nexport: false\n")
     out = tmp_path / "run"
-    with socket.socket() as s:  # torchrun's --master-port 0 waits forever: give it a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # torchrun's --master-port 0 waits forever
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                            "--master-addr", "127.0.0.1", "--master-port", str(port),
                            "-m", "mainspring", "train", str(cfg), "--out", str(out)],
@@ -177,15 +175,15 @@ def test_torchrun_two_processes_train_one_run(tiny, tmp_path):
     assert (out / "changes.json").exists()
 
 
-def launched_by_torchrun(monkeypatch) -> None:
-    """The variables torchrun gives a rank of a one-process world, with a free rendezvous port."""
-    import socket
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun gives one rank: its run id, the rendezvous on 127.0.0.1:`port`, rank and world."""
+    return {"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                 "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+
+def launched_by_torchrun(monkeypatch) -> None:
+    """This process as the one rank of a torchrun world, with a free rendezvous port."""
+    for k, v in torchrun_env(0, 1, free_port()).items():
         monkeypatch.setenv(k, v)
 
 
@@ -221,8 +219,7 @@ def _torchrun_rank_sums(rank: int, port: int, out: str) -> None:
     from mainspring.train.update import World
     from tests.simulated_cuda import SimulatedCuda
 
-    os.environ.update({"TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"})
+    os.environ.update(torchrun_env(rank, 2, port))
     torch.set_num_threads(1)
     with nullcontext() if torch.cuda.is_available() else SimulatedCuda(), torch.no_grad():
         assert torch.cuda.is_available()
@@ -235,14 +232,10 @@ def test_torchrun_ranks_where_a_gpu_is_visible_still_sum_cpu_gradients(tmp_path)
     """The policy trains on the CPU even on a GPU machine: its all-reduce must go over gloo, since NCCL
     refuses CPU tensors (and a CPU-only torch has no NCCL at all), and so must the barrier before the
     teardown (two ranks sharing one GPU is what NCCL refuses). A real GPU where there is one."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_torchrun_rank_sums, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_torchrun_rank_sums, args=(free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
     assert [(tmp_path / str(r)).read_text() for r in (0, 1)] == ["3.0 False", "3.0 False"]
 
 
