@@ -11,6 +11,9 @@ When a replica dies (its process killed, its node lost), the request moves to an
   left, and the outputs are re-based so the caller sees one request (cumulative token ids and text, usage over
   the original prompt). A request under a grammar (guided decoding) cannot be resumed mid-output, since the
   grammar's state is the dead replica's: it fails with `ReplicaFailed`.
+A replica whose engine stopped (engine/async_engine.py: failed steps in a row, such as a lost GPU context) is
+alive but serves nothing more: it answers EngineStoppedError before the request's first token, so the request
+moves as from a dead one, and the replica is killed.
 The dead replica leaves the router; `ReplicaPool.restart_dead` starts a fresh one in its place.
 """
 
@@ -27,6 +30,7 @@ from typing import Any
 from mainspring.cluster.prefix_router import PrefixRouter, Route, RouterConfig
 from mainspring.cluster.ray_cluster import ray_module
 from mainspring.config import Settings
+from mainspring.engine.errors import EngineStoppedError
 from mainspring.engine.outputs import RequestOutput, Usage
 from mainspring.engine.params import SamplingParams
 
@@ -160,11 +164,16 @@ class ReplicaPool:
                     yield out
                     if finished:
                         return
-            except ray.exceptions.RayActorError as exc:
-                log.warning("engine replica %s died serving %s after %d tokens: %s", route.replica, rid,
-                            len(sent.token_ids), exc)
-                self.router.remove(route.replica)
-                self.stats[route.replica].failovers += 1
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                died = isinstance(exc, ray.exceptions.RayActorError)
+                cause = getattr(exc, "cause", None)
+                if not died and not isinstance(cause, EngineStoppedError):
+                    # the replica's engine refused or failed the request: raise its own error, since str() of
+                    # Ray's wrapper is the replica's traceback (paths, pids) and would reach the API's error body
+                    raise (cause if isinstance(cause, Exception) else exc) from exc
+                log.warning("engine replica %s %s serving %s after %d tokens: %s", route.replica,
+                            "died" if died else "stopped", rid, len(sent.token_ids), exc)
+                self._retire(route.replica)
                 failed.append(route.replica)
                 continue
             finally:
@@ -190,6 +199,15 @@ class ReplicaPool:
         if out.usage is not None:
             st.prompt_tokens += out.usage.prompt_tokens
             st.cached_tokens += out.usage.cached_tokens
+
+    def _retire(self, replica: str) -> None:
+        """Out of the router, and its actor killed: a stopped engine's process still holds the model."""
+        self.router.remove(replica)
+        self.stats[replica].failovers += 1
+        try:
+            ray_module().kill(self._handles[replica])
+        except Exception:  # noqa: BLE001 - it is dead already
+            pass
 
     def dead(self) -> list[str]:
         """Replicas the router dropped after they failed, not yet restarted."""

@@ -82,3 +82,36 @@ def test_a_replica_killed_mid_request_hands_it_to_another(pool, ray_cluster):
 
     started = _run(pool.restart_dead())
     assert len(started) == 1 and len(pool.replicas) == 2
+
+
+def _break_steps(replica) -> None:
+    """Run inside the replica's actor: every engine step from now on raises, as on a lost GPU context."""
+    def step():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    replica.engine.engine.step = step
+
+
+def test_a_replica_whose_engine_stopped_is_routed_around_and_replaced(pool, ray_cluster):
+    from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS
+    from mainspring.engine.errors import EngineStepError
+
+    broken, healthy = pool.replicas[:2]
+    ray_cluster.get(pool.handle(broken).__ray_call__.remote(_break_steps))
+    pool.router = PrefixRouter([broken], RouterConfig(policy="round_robin"))
+    for i in range(STOP_AFTER_FAILED_STEPS):  # each fails its request; the last stops that engine
+        with pytest.raises(EngineStepError):
+            _run(pool.generate([300 + i] * 20, GREEDY))
+    assert broken in pool.replicas  # alive, and the router cannot tell yet
+
+    pool.router = PrefixRouter([broken, healthy], RouterConfig(policy="round_robin"))  # broken comes first
+    out = _run(pool.generate(SYSTEM[:30], GREEDY))
+    assert out.finished and len(out.token_ids) == 4  # served by the healthy one
+    assert pool.replicas == [healthy] and pool.dead() == [broken]
+    assert pool.stats[broken].failovers == 1 and pool.stats[healthy].requests >= 1
+    with pytest.raises(ray_cluster.exceptions.RayActorError):  # killed: a stopped engine frees its memory
+        ray_cluster.get(pool.handle(broken).info.remote(), timeout=30)
+
+    started = _run(pool.restart_dead())
+    assert len(started) == 1 and sorted(pool.replicas) == sorted([healthy, *started])
+    assert _run(pool.generate(SYSTEM[:30], GREEDY)).token_ids == out.token_ids
