@@ -29,6 +29,7 @@ from typing import Any
 
 from mainspring.cluster.prefix_router import PrefixRouter, Route, RouterConfig
 from mainspring.cluster.ray_cluster import ray_module
+from mainspring.cluster.remote_tasks import task_exception
 from mainspring.config import Settings
 from mainspring.engine.errors import EngineStoppedError
 from mainspring.engine.outputs import RequestOutput, Usage
@@ -166,14 +167,11 @@ class ReplicaPool:
                         return
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                 died = isinstance(exc, ray.exceptions.RayActorError)
-                cause = getattr(exc, "cause", None)
-                if not died and not isinstance(cause, EngineStoppedError):
-                    # the replica's engine refused or failed the request: raise its own error, since str() of
-                    # Ray's wrapper is the replica's traceback (paths, pids) and would reach the API's error body
-                    raise (cause if isinstance(cause, Exception) else exc) from exc
+                if not died and not isinstance(exc, EngineStoppedError):
+                    raise task_exception(exc) from exc  # the engine refused or failed it: the API's 400 or 500
                 log.warning("engine replica %s %s serving %s after %d tokens: %s", route.replica,
                             "died" if died else "stopped", rid, len(sent.token_ids), exc)
-                self._retire(route.replica)
+                self.retire(route.replica)
                 failed.append(route.replica)
                 continue
             finally:
@@ -200,8 +198,9 @@ class ReplicaPool:
             st.prompt_tokens += out.usage.prompt_tokens
             st.cached_tokens += out.usage.cached_tokens
 
-    def _retire(self, replica: str) -> None:
-        """Out of the router, and its actor killed: a stopped engine's process still holds the model."""
+    def retire(self, replica: str) -> None:
+        """A replica that died or whose engine stopped: out of the router, and its actor killed (a stopped
+        engine's process still holds the model); `restart_dead` replaces it."""
         self.router.remove(replica)
         self.stats[replica].failovers += 1
         try:

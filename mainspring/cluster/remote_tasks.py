@@ -20,6 +20,14 @@ class TaskCancelled(RuntimeError):
     """The caller cancelled the task; its worker process was stopped."""
 
 
+def task_exception(exc: BaseException) -> BaseException:
+    """What a remote task or actor method raised, without Ray's wrapper: Ray re-raises it as a subclass of
+    both RayTaskError and its own class, whose str() is the worker's whole traceback (paths, pid, ip); that
+    belongs in the log (it stays the chained cause), not in a message a person or a model reads."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) and isinstance(exc, ray_module().exceptions.RayTaskError) else exc
+
+
 def submit(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0, memory_mb: int | None = None,
            **kwargs: Any) -> Any:
     """Start `fn(*args, **kwargs)` on the cluster where `num_cpus` and `memory_mb` are free; its ObjectRef."""
@@ -37,7 +45,10 @@ def wait(ref: Any, cancel: threading.Event | None = None, poll_s: float = 0.1) -
     while True:
         ready, _ = ray.wait([ref], timeout=poll_s)
         if ready:
-            return ray.get(ref)
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                raise task_exception(exc) from exc
         if cancel is not None and cancel.is_set():
             ray.cancel(ref, force=True)  # force: a sync task only stops with its worker process
             raise TaskCancelled("cancelled while running on Ray")
@@ -48,6 +59,8 @@ async def await_result(ref: Any) -> Any:
     ray = ray_module()
     try:
         return await ref
+    except ray.exceptions.RayTaskError as exc:
+        raise task_exception(exc) from exc
     except asyncio.CancelledError:
         ray.cancel(ref, force=True)
         raise

@@ -3,8 +3,9 @@
 
 A rollout batch is split by prompt: every sample of one prompt (a GRPO group) goes to one replica, so the group
 shares that prompt's prefix cache, and distinct prompts spread by the router's load rule. Each replica runs its
-share as one batch; a replica that dies takes its share to the others. A weight sync puts the weights in Ray's
-object store once and every replica copies them in (`LLMEngine.update_weights`), dropping its prefix cache.
+share as one batch; a replica that dies, or whose engine stopped, hands its share to the others. A weight sync
+puts the weights in Ray's object store once and every replica copies them in (`LLMEngine.update_weights`),
+dropping its prefix cache.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from mainspring.cluster.engine_replicas import ReplicaFailed, ReplicaPool
 from mainspring.cluster.ray_cluster import ray_module
+from mainspring.cluster.remote_tasks import task_exception
+from mainspring.engine.errors import EngineStoppedError
 from mainspring.engine.outputs import RequestOutput
 from mainspring.engine.params import SamplingParams
 from mainspring.engine.tokenizer import Tokenizer
@@ -43,11 +46,12 @@ class RolloutReplicas:
                     try:
                         for i, out in zip(shares[name], ray.get(ref)):
                             outputs[i] = out
-                    except ray.exceptions.RayActorError:
-                        self.pool.router.remove(name)
-                        self.pool.stats[name].failovers += 1
+                    except (ray.exceptions.RayActorError, EngineStoppedError):  # Ray raises the latter as a subclass
+                        self.pool.retire(name)
                         failed.append(name)
                         todo += shares[name]
+                    except ray.exceptions.RayTaskError as exc:
+                        raise task_exception(exc) from exc
             finally:
                 for name in routed:
                     self.pool.router.done(name)

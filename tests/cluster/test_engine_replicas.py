@@ -10,6 +10,7 @@ from mainspring.cluster.engine_replicas import ReplicaPool
 from mainspring.cluster.prefix_router import PrefixRouter, RouterConfig
 from mainspring.config import Settings
 from mainspring.engine.params import SamplingParams
+from tests.cluster.faults import break_steps
 
 pytestmark = pytest.mark.slow
 
@@ -84,20 +85,12 @@ def test_a_replica_killed_mid_request_hands_it_to_another(pool, ray_cluster):
     assert len(started) == 1 and len(pool.replicas) == 2
 
 
-def _break_steps(replica) -> None:
-    """Run inside the replica's actor: every engine step from now on raises, as on a lost GPU context."""
-    def step():
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    replica.engine.engine.step = step
-
-
 def test_a_replica_whose_engine_stopped_is_routed_around_and_replaced(pool, ray_cluster):
     from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS
     from mainspring.engine.errors import EngineStepError
 
     broken, healthy = pool.replicas[:2]
-    ray_cluster.get(pool.handle(broken).__ray_call__.remote(_break_steps))
+    ray_cluster.get(pool.handle(broken).__ray_call__.remote(break_steps))
     pool.router = PrefixRouter([broken], RouterConfig(policy="round_robin"))
     for i in range(STOP_AFTER_FAILED_STEPS):  # each fails its request; the last stops that engine
         with pytest.raises(EngineStepError):

@@ -37,6 +37,16 @@ def test_a_job_runs_isolated_on_a_ray_worker(ray_sandbox):
     assert kind == "ray" and int(pid) != os.getpid()
 
 
+def test_a_job_refused_on_a_ray_worker_raises_the_sandbox_error_a_local_job_would(ray_sandbox, sandbox):
+    from mainspring.sandbox import SandboxError
+
+    with pytest.raises(SandboxError) as local:
+        sandbox.run(["true"], {"../escape.txt": "x"}, "python")
+    with pytest.raises(SandboxError) as remote:
+        ray_sandbox.run(["true"], {"../escape.txt": "x"}, "python")
+    assert str(remote.value) == str(local.value)  # the sandbox's words, not the Ray worker's traceback
+
+
 def test_a_scene_render_through_ray_matches_one_in_process(ray_sandbox, tmp_path):
     from mainspring.scenarios.scene3d import load_briefs
     from mainspring.scenarios.scene3d.tools import render_in_process, render_in_sandbox

@@ -1,5 +1,8 @@
 """A rollout batch through Ray: `generate_groups` over two engine replicas scores the same completions as the
-in-process engine, and a weight sync reaches every replica."""
+in-process engine, a weight sync reaches every replica, a replica whose engine stopped hands its share on, and
+a request the engine refuses raises the engine's own error."""
+
+import asyncio
 
 import pytest
 
@@ -12,6 +15,7 @@ from mainspring.engine.params import SamplingParams
 from mainspring.train.config import DomainSpec
 from mainspring.train.domains.registry import load_domains
 from mainspring.train.rollout import generate_groups
+from tests.cluster.faults import stop_engine
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +49,22 @@ def test_a_weight_sync_reaches_every_replica(rollouts, embedded):
     assert all(o.token_ids == [0, 0, 0, 0] for o in rollouts.generate(prompts, params))
     rollouts.update_weights({name: weight})
     assert [o.token_ids for o in rollouts.generate(prompts, params)] == before
+
+
+def test_a_replica_whose_engine_stopped_hands_its_share_to_the_other(rollouts, ray_cluster):
+    from mainspring.engine.errors import InvalidRequestError
+
+    prompts = [[100 + i, 200 + i, 300 + i] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    want = [o.token_ids for o in rollouts.generate(prompts, params)]
+    broken = rollouts.pool.replicas[0]
+    stop_engine(ray_cluster, rollouts.pool.handle(broken))
+    assert [o.token_ids for o in rollouts.generate(prompts, params)] == want  # all on the healthy one now
+    assert broken in rollouts.pool.dead() and rollouts.pool.stats[broken].failovers == 1
+
+    bad = SamplingParams(temperature=0.0, max_tokens=4, logit_bias={10**8: 1.0})
+    with pytest.raises(InvalidRequestError) as refused:
+        rollouts.generate(prompts[:1], bad)
+    assert "vocabulary" in str(refused.value) and "pid=" not in str(refused.value)
+    started = asyncio.run(rollouts.pool.restart_dead())
+    assert len(started) == 1 and len(rollouts.pool.replicas) == 2
