@@ -38,6 +38,9 @@ from mainspring.engine.params import SamplingParams
 log = logging.getLogger(__name__)
 
 
+INFO_TIMEOUT_S = 10.0  # a replica's facts come from its actor's event loop, not its compute thread: quick
+
+
 class ReplicaFailed(RuntimeError):
     """Every replica that could serve the request failed, or it cannot be resumed elsewhere."""
 
@@ -57,7 +60,7 @@ class EngineReplica:
     def info(self) -> dict[str, Any]:
         """What a caller needs to serve this engine's model without loading it (cluster/replicated_engine.py)."""
         eng = self.engine.engine
-        return {"pid": os.getpid(), "model": eng.name,
+        return {"pid": os.getpid(), "model": eng.name, "stopped": self.engine.stopped is not None,
                 "block_size": eng.config.block_size, "max_model_len": eng.max_model_len,
                 "max_window_model_len": eng.config.max_window_model_len, "kv_window": eng.kv_policy.window,
                 "vocab_size": eng.model_config.vocab_size, "stats": eng.stats()}
@@ -227,10 +230,31 @@ class ReplicaPool:
             started.append(new)
         return started
 
-    def info(self) -> dict[str, dict[str, Any]]:
+    def info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+        """Each serving replica's facts (`EngineReplica.info`). One found dead or stopped is retired here, as a
+        request would find it; one that does not answer within `timeout_s` is left out (and kept)."""
         ray = ray_module()
-        names = self.router.replicas
-        return dict(zip(names, ray.get([self._handles[n].info.remote() for n in names])))
+        refs = {n: self._handles[n].info.remote() for n in self.router.replicas}
+        if not refs:
+            return {}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        out: dict[str, dict[str, Any]] = {}
+        for name, ref in refs.items():
+            if ref not in ready:
+                log.warning("engine replica %s did not answer within %.0f s", name, timeout_s)
+                continue
+            try:
+                facts = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                log.warning("engine replica %s died: %s", name, exc)
+                self.retire(name)
+                continue
+            if facts["stopped"]:
+                log.warning("engine replica %s: its engine stopped", name)
+                self.retire(name)
+                continue
+            out[name] = facts
+        return out
 
     def close(self) -> None:
         ray = ray_module()

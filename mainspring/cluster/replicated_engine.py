@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mainspring.cluster.engine_replicas import ReplicaPool
+from mainspring.cluster.engine_replicas import ReplicaFailed, ReplicaPool
 from mainspring.config import Settings
 from mainspring.engine.outputs import RequestOutput
 from mainspring.engine.params import SamplingParams
@@ -48,8 +48,10 @@ class ReplicatedModelView:
 
     linear_kernel = "on replicas"
 
-    def __init__(self, pool: ReplicaPool, info: dict[str, Any], tokenizer: Tokenizer) -> None:
+    def __init__(self, pool: ReplicaPool, info: dict[str, Any], tokenizer: Tokenizer,
+                 heal: Callable[[], None]) -> None:
         self._pool = pool
+        self._heal = heal
         self.name: str = info["model"]
         self.tokenizer = tokenizer
         self.max_model_len: int = info["max_model_len"]
@@ -59,13 +61,17 @@ class ReplicatedModelView:
         self.model_config = _ModelConfig(info["vocab_size"])
 
     def stats(self) -> dict[str, Any]:
-        """/health's engine figures: per replica, with the router's view of each."""
+        """/health's engine figures: per replica, with the router's view of each. Asking finds replicas that
+        died or stopped since the last request; their replacements start in the background."""
         infos = self._pool.info()
+        self._heal()
         return {"replicas": {name: {**i["stats"], "in_flight": self._pool.router.in_flight(name),
                                     "requests": self._pool.stats[name].requests,
                                     "cached_tokens": self._pool.stats[name].cached_tokens,
                                     "prompt_tokens": self._pool.stats[name].prompt_tokens}
                              for name, i in infos.items()},
+                "not_answering": [n for n in self._pool.replicas if n not in infos],
+                "replacing": self._pool.dead(),
                 "routing": self._pool.router.config.policy, "kv_blocks": self.block_manager.num_blocks}
 
     def flush_kv_cache(self) -> int:
@@ -80,9 +86,11 @@ class ReplicatedEngine:
     def __init__(self, pool: ReplicaPool, tokenizer: Tokenizer) -> None:
         self.pool = pool
         infos = pool.info()
-        self.engine = ReplicatedModelView(pool, next(iter(infos.values())), tokenizer)
-        self._lock = threading.Lock()
+        if not infos:
+            raise ReplicaFailed("no engine replica answered")
         self._healing: asyncio.Future | None = None
+        self.engine = ReplicatedModelView(pool, next(iter(infos.values())), tokenizer, self._heal)
+        self._lock = threading.Lock()
 
     @classmethod
     def start(cls, settings: Settings) -> ReplicatedEngine:
@@ -111,9 +119,14 @@ class ReplicatedEngine:
             self._heal()
 
     def _heal(self) -> None:
-        """A replica died serving a request: start its replacement in the background, one restart at a time."""
+        """A replica died or stopped: start its replacement in the background, one restart at a time (from the
+        event loop; elsewhere the next request or /health starts it)."""
         if self.pool.dead() and (self._healing is None or self._healing.done()):
-            self._healing = asyncio.ensure_future(self.pool.restart_dead())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._healing = loop.create_task(self.pool.restart_dead())
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                        **kw: Any) -> RequestOutput:

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from mainspring.config import Settings
+from tests.cluster.faults import stop_engine
 from tests.servers import serve
 
 pytestmark = pytest.mark.slow
@@ -67,9 +68,16 @@ def test_streaming_and_bad_input_through_replicas(server):
     assert "pid=" not in message and "File " not in message, message  # the engine's words, not Ray's traceback
 
 
-def test_a_replica_that_dies_is_routed_around_and_replaced(server, ray_cluster):
+def _wait_for_replicas(pool, n: int) -> None:
     import time
 
+    deadline = time.monotonic() + 120
+    while len(pool.replicas) < n:  # a replacement starts in the background
+        assert time.monotonic() < deadline, "the replica was not replaced"
+        time.sleep(0.5)
+
+
+def test_a_replica_that_dies_is_routed_around_and_replaced(server, ray_cluster):
     import openai
 
     engine = server.app.state.engine
@@ -84,9 +92,26 @@ def test_a_replica_that_dies_is_routed_around_and_replaced(server, ray_cluster):
     r = client.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=messages)
     assert r.choices[0].message.content  # served by the other replica
     assert pool.stats[home].failovers == 1 and home not in pool.replicas
-    deadline = time.monotonic() + 120
-    while len(pool.replicas) < 2:  # its replacement starts in the background
-        assert time.monotonic() < deadline, "the dead replica was not replaced"
-        time.sleep(0.5)
+    _wait_for_replicas(pool, 2)
     health = httpx.get(f"{server.url}/health", timeout=30).json()
     assert len(health["replicas"]) == 2 and home not in health["replicas"]
+
+
+def test_health_finds_a_replica_whose_engine_stopped_and_replaces_it(server, ray_cluster):
+    import openai
+
+    pool = server.app.state.engine.pool
+    _wait_for_replicas(pool, 2)
+    victim = pool.replicas[0]
+    stop_engine(ray_cluster, pool.handle(victim))  # alive, but serving nothing more
+    r = httpx.get(f"{server.url}/health", timeout=60)
+    assert r.status_code == 200, r.text
+    assert victim not in r.json()["replicas"] and victim in r.json()["replacing"]
+    assert victim not in pool.replicas
+    _wait_for_replicas(pool, 2)
+    health = httpx.get(f"{server.url}/health", timeout=60).json()
+    assert len(health["replicas"]) == 2 and victim not in health["replicas"] and health["replacing"] == []
+    client = openai.OpenAI(base_url=server.openai_url, api_key="x", max_retries=0, timeout=120)
+    r2 = client.chat.completions.create(model="smollm2", max_tokens=3, temperature=0,
+                                        messages=[{"role": "user", "content": "Good morning"}])
+    assert r2.choices[0].message.content
