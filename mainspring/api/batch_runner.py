@@ -15,7 +15,9 @@ has work to batch, and lines are sorted so those with the same prompt start run 
 the prefix cache.
 
 A line the runner gives up on (cancel, shutdown) is aborted in the engine and not billed: it is
-either redone later (shutdown) or absent from the output (cancel).
+either redone later (shutdown) or absent from the output (cancel). A line answered 503 (the engine stopped:
+only a restart brings it back) is not the line's result: the batch stops where it stands, as at shutdown, and
+is tried again every RETRY_S, so a restarted server finishes it instead of every remaining line failing.
 
 Every server process runs a runner; a batch is worked by the one that holds its lease ("batch:<id>" in the
 leader leases, agents/plans/leader.py), renewed at every poll. The others pass it over until the lease
@@ -111,6 +113,10 @@ class _LineEconomics:
                             custom_id=self.custom_id, batch_id=self.batch_id)
 
 
+class _Unavailable(Exception):
+    """A line was answered 503: this server cannot serve lines now."""
+
+
 @dataclass
 class _Job:
     batch_id: str
@@ -181,7 +187,7 @@ class BatchRunner:
                                 job.task.cancel()  # as at shutdown: lines in flight aborted, unbilled
                         elif status == "cancelling":
                             job.cancel()
-                    elif self._retry_at.get(batch_id, 0.0) <= time.monotonic():
+                    elif status == "cancelling" or self._retry_at.get(batch_id, 0.0) <= time.monotonic():
                         term = await asyncio.to_thread(self._hold, batch_id)
                         if term is None:
                             continue  # another runner works it
@@ -229,6 +235,10 @@ class BatchRunner:
             self._retry_at.pop(job.batch_id, None)
         except asyncio.CancelledError:
             raise
+        except _Unavailable as e:
+            log.warning("batch %s: paused where it stands, the server cannot serve its lines (%s); retrying in "
+                        "%.0f s", job.batch_id, e, RETRY_S)
+            self._retry_at[job.batch_id] = time.monotonic() + RETRY_S
         except Exception:
             log.exception("batch %s: failed; retrying in %.0f s", job.batch_id, RETRY_S)
             self._retry_at[job.batch_id] = time.monotonic() + RETRY_S
@@ -271,6 +281,8 @@ class BatchRunner:
         else:  # a batch answers with whole bodies: a line asking to stream gets the non-streamed response
             status, body = await call_route(self._line_app(run, line), run.row.endpoint,
                                             {**line.body, "stream": False}, run.key)
+            if status == 503:  # not journaled: the line runs again when the server can serve it
+                raise _Unavailable(body["error"]["message"])
         record = response_record(line, status, body)
         run.journal.append(record)  # no await between the result and the journal: a cancel cannot split them
         await asyncio.to_thread(self._count, run.row.id, is_success(record))

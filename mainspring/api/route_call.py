@@ -14,10 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from mainspring.api.errors import APIError, _validation_error, error_body, from_engine_error
+from mainspring.api.errors import APIError, _validation_error, engine_stopped_error, error_body, from_engine_error
 from mainspring.api.routes import chat, completions
 from mainspring.api.schemas import ChatCompletionRequest, CompletionRequest
-from mainspring.engine.errors import EngineError, InvalidRequestError
+from mainspring.engine.errors import EngineError, EngineStoppedError, InvalidRequestError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ async def call_route(app: Any, endpoint: str, body: dict[str, Any], principal: A
         return e.status, error_body(e, False)
     except InvalidRequestError as e:
         return 400, error_body(from_engine_error(e), False)
+    except EngineStoppedError:
+        return 503, error_body(engine_stopped_error(), False)
     except EngineError as e:
         return 500, error_body(APIError(500, f"the engine could not serve this request: {e}"), False)
     except Exception:

@@ -218,6 +218,56 @@ def test_batch_survives_a_server_restart(async_engine, tmp_path, database_url):
     assert not journal.exists()
 
 
+def stopped_engine(embedded):
+    """An engine whose steps all fail until it stops, as after a lost GPU context."""
+    import asyncio
+
+    from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS, AsyncLLMEngine
+    from mainspring.engine.config import EngineConfig
+    from mainspring.engine.engine import LLMEngine
+    from mainspring.engine.params import SamplingParams
+
+    llm = LLMEngine(embedded, EngineConfig(kv_cache_mb=64))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    llm.runner.execute = broken
+    engine = AsyncLLMEngine(llm)
+    for _ in range(STOP_AFTER_FAILED_STEPS):
+        with pytest.raises(RuntimeError):
+            asyncio.run(engine.generate("hi", SamplingParams(max_tokens=2)))
+    assert engine.stopped is not None
+    return engine
+
+
+def test_a_batch_on_a_stopped_engine_waits_and_a_restarted_server_finishes_it(async_engine, embedded, tmp_path,
+                                                                             database_url, caplog):
+    dead = stopped_engine(embedded)
+    app_a = make_app(dead, tmp_path, database_url)
+    secret = new_key(app_a.state.economics)
+    with caplog.at_level("WARNING", logger="mainspring.api.batch_runner"), serve(app_a, dead) as server:
+        c = client(server, secret)
+        batch = submit(c, [chat_line(f"q{i}", f"Question {i}: where is my parcel?") for i in range(3)])
+        deadline = time.monotonic() + 120
+        while "paused where it stands" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        b = c.batches.retrieve(batch.id)
+        assert b.status == "in_progress" and (b.request_counts.completed, b.request_counts.failed) == (0, 0)
+    dead.close()
+    journal = tmp_path / "batches" / f"{batch.id}.progress.jsonl"
+    assert not journal.exists() or not journal.read_text().strip()  # no line recorded as failed
+
+    app_b = make_app(async_engine, tmp_path, database_url)  # the server restarted with a working engine
+    with serve(app_b, async_engine) as server:
+        c = client(server, secret)
+        done = wait_for(c, batch.id)
+        out = read_lines(c, done.output_file_id)
+    assert done.status == "completed" and done.request_counts.completed == 3 and done.error_file_id is None
+    assert sorted(x["custom_id"] for x in out) == ["q0", "q1", "q2"]
+
+
 def test_files_api_round_trip_and_delete(srv):
     _, _, c = srv
     data = jsonl([chat_line("x", "hello")])
