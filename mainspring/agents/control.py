@@ -8,7 +8,7 @@ import json
 from sqlalchemy import select
 
 from mainspring.agents.journal import JournalError, get_run, now
-from mainspring.agents.status import TERMINAL, InterruptStatus, RunStatus, ToolCallStatus
+from mainspring.agents.status import MODEL_STOPPED, TERMINAL, InterruptStatus, RunStatus, ToolCallStatus
 from mainspring.agents.tables import InterruptRow, RunRow, ToolCallRow
 from mainspring.agents.writes import Batch, write_in
 from mainspring.store.db import session
@@ -130,3 +130,17 @@ def raise_budget(db: str, run_id: str, *, token_budget: int | None = None, cost_
             batch.event("run.status", status=RunStatus.QUEUED, reason="budget raised")
         write_in(s, batch)
         return run
+
+
+def requeue_model_stopped(db: str) -> list[str]:
+    """Queue again every run parked because its model's engine stopped (a worker starting: its engine is new)."""
+    with session(db) as s:
+        runs = s.scalars(select(RunRow).where(RunRow.status == RunStatus.PAUSED,
+                                              RunRow.pause_reason == MODEL_STOPPED)).all()
+        for run in runs:
+            run.status, run.pause_reason = RunStatus.QUEUED, None
+            batch = Batch(run.id)
+            batch.event("run.status", status=RunStatus.QUEUED, reason="a worker started")
+            batch.audit("run.resume", {"actor": "worker", "reason": MODEL_STOPPED})
+            write_in(s, batch)
+        return [r.id for r in runs]

@@ -21,11 +21,11 @@ from typing import Any, Callable, Mapping
 from mainspring.agents import charges, journal, output, writes
 from mainspring.agents.context import CHARS_PER_TOKEN, Prompt, build_prompt, needs_compaction, summarize
 from mainspring.agents.journal import LeaseLost, RunState
-from mainspring.agents.status import RunStatus, ToolCallStatus
+from mainspring.agents.status import MODEL_STOPPED, RunStatus, ToolCallStatus
 from mainspring.agents.attachments import AttachmentPolicy, AttachmentRefused
 from mainspring.agents.tools.base import (EndRun, Tool, ToolContext, ToolError, ToolResult, TransientToolError,
                                           openai_schema)
-from mainspring.models import ChatModel, Completion, Usage
+from mainspring.models import ChatModel, Completion, ModelStopped, Usage
 from mainspring.retry import backoff_delay
 
 log = logging.getLogger("mainspring.agents")
@@ -85,6 +85,14 @@ class RunLoop:
             await self._commit()  # nothing should be left; never drop a queued write if something is
         except LeaseLost:
             log.info("run %s: lease lost, another worker has it", self.run_id)
+        except ModelStopped as exc:  # no step failed: the run waits, whole, for a worker whose model serves
+            log.warning("run %s parked: %s", self.run_id, exc)
+            try:
+                await self._settled()
+                self.batch = writes.Batch(self.run_id)
+                await self._park(MODEL_STOPPED)
+            except LeaseLost:
+                pass
         except asyncio.CancelledError:
             await asyncio.shield(self._stopped())
             if self.stop == "shutdown":
@@ -385,6 +393,8 @@ class RunLoop:
                         max_tokens=limits.max_tokens, temperature=state.spec.temperature)
             except TimeoutError:
                 last = f"model call timed out after {limits.step_timeout_s:g}s"
+            except ModelStopped:
+                raise
             except UpstreamError as exc:
                 if exc.status is not None and exc.status < 500 and exc.status != 429:
                     raise ModelFailed(str(exc)) from exc

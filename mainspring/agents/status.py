@@ -9,12 +9,15 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"  # a worker holds its lease
     WAITING_APPROVAL = "waiting_approval"  # parked until a human decides on a tool call
-    PAUSED = "paused"  # by a user or a budget (pause_reason)
+    PAUSED = "paused"  # by a user, a budget or a stopped model (pause_reason)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
 
+
+# pause_reason of a run parked because its model's engine stopped; a worker that starts queues it again
+MODEL_STOPPED = "model_stopped"
 
 TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT})
 

@@ -53,7 +53,8 @@ class RunRow(Base):
     goal: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(24), default="queued")
     priority: Mapped[int] = mapped_column(Integer, default=0)  # higher runs first
-    pause_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)  # budget | user | interrupt
+    # budget | user | model_stopped (agents/status.py) | interrupt
+    pause_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)  # final_answer | max_steps | …
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     result: Mapped[str | None] = mapped_column(Text, nullable=True)

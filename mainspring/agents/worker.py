@@ -77,6 +77,9 @@ class Worker:
         sqlite = make_url(self.env.db).get_backend_name() == "sqlite"
         self.env.executor = ThreadPoolExecutor(1 if sqlite else 4, thread_name_prefix="agent-journal")
         self.env.committer = writes.Committer(self.env.db, self.owner, self.env.executor)
+        requeued = await asyncio.to_thread(control.requeue_model_stopped, self.env.db)
+        if requeued:
+            log.info("queued again %d run(s) parked when their model's engine stopped", len(requeued))
         self._main = asyncio.create_task(self._run(), name="agent-worker")
 
     def soon(self, fn, *args) -> None:

@@ -6,10 +6,10 @@ OpenAI-shaped messages and tools and return the same `Completion` with the engin
 `Usage`, so billing prices a run the same way whichever model served it.
 """
 
-from mainspring.models.base import (ChatModel, Completion, CompletionChunk, Message, Tool, ToolCall, UpstreamError,
-                                    Usage)
+from mainspring.models.base import (ChatModel, Completion, CompletionChunk, Message, ModelStopped, Tool, ToolCall,
+                                    UpstreamError, Usage)
 from mainspring.models.local import LocalModel
 from mainspring.models.openai_compatible import OpenAICompatibleModel
 
-__all__ = ["ChatModel", "Completion", "CompletionChunk", "LocalModel", "Message", "OpenAICompatibleModel", "Tool",
-           "ToolCall", "UpstreamError", "Usage"]
+__all__ = ["ChatModel", "Completion", "CompletionChunk", "LocalModel", "Message", "ModelStopped",
+           "OpenAICompatibleModel", "Tool", "ToolCall", "UpstreamError", "Usage"]

@@ -56,6 +56,14 @@ class UpstreamError(RuntimeError):
         self.status, self.message, self.body = status, message, body
 
 
+class ModelStopped(UpstreamError):
+    """The model's engine stopped after failed steps: nothing is served until its server restarts, so retrying
+    is pointless (an agent run parks instead, to be queued again when a worker starts)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message)
+
+
 class ChatModel(ABC):
     model: str
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from mainspring.engine.errors import InvalidRequestError
+from mainspring.engine.errors import EngineStepError, EngineStoppedError, InvalidRequestError
 from mainspring.engine.params import SamplingParams
-from mainspring.models.base import ChatModel, Completion, CompletionChunk, Message, Tool, ToolCall, Usage
+from mainspring.models.base import (ChatModel, Completion, CompletionChunk, Message, ModelStopped, Tool, ToolCall,
+                                    UpstreamError, Usage)
 from mainspring.tool_calls import (ParsedCall, ToolCallStream, ToolChoice, ToolSpec, finish_reason, guided_decoding,
                                    openai_messages, openai_tool_choice, openai_tools, parse_answer, render_prompt)
 
@@ -16,6 +19,17 @@ if TYPE_CHECKING:
 
 def _calls(parsed: list[ParsedCall]) -> list[ToolCall]:
     return [ToolCall(c.id, c.name, c.arguments_json) for c in parsed]
+
+
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """The engine's failures in ChatModel's words: a failed step may pass (retry it), a stopped engine will not."""
+    try:
+        yield
+    except EngineStoppedError as exc:
+        raise ModelStopped(str(exc)) from exc
+    except EngineStepError as exc:
+        raise UpstreamError(500, str(exc)) from exc
 
 
 def _constraint(tools: list[ToolSpec], choice: ToolChoice, response_format: dict | None) -> dict[str, Any]:
@@ -61,7 +75,8 @@ class LocalModel(ChatModel):
                    seed: int | None = None, stop: list[str] | str | None = None) -> Completion:
         prompt, params, specs, choice = self._prepare(messages, tools, tool_choice, response_format, max_tokens,
                                                       temperature, seed, stop)
-        out = await self.engine.generate(prompt, params, cache_salt=self.cache_salt)
+        with _engine_errors():
+            out = await self.engine.generate(prompt, params, cache_salt=self.cache_salt)
         return self._finish(out.text, out.finish_reason, out.usage, specs, choice)
 
     async def stream(self, messages: list[Message], *, tools: list[Tool] | None = None, tool_choice: Any = None,
@@ -71,11 +86,12 @@ class LocalModel(ChatModel):
                                                       temperature, seed, stop)
         # content streams until the text may be a call; that part is parsed when the answer ends
         holder = ToolCallStream(specs, hold_all=choice.forced, choice=choice) if choice.mode != "none" else None
-        async for out in self.engine.stream(prompt, params, cache_salt=self.cache_salt):
-            delta = holder.feed(out.delta_text) if holder is not None else out.delta_text
-            if delta:
-                yield CompletionChunk(delta)
-            if out.finished:
-                rest, parsed = holder.finish(out.finish_reason) if holder is not None else ("", [])
-                yield CompletionChunk(rest, finish_reason(parsed, out.finish_reason), out.usage or Usage(0, 0, 0),
-                                      _calls(parsed))
+        with _engine_errors():
+            async for out in self.engine.stream(prompt, params, cache_salt=self.cache_salt):
+                delta = holder.feed(out.delta_text) if holder is not None else out.delta_text
+                if delta:
+                    yield CompletionChunk(delta)
+                if out.finished:
+                    rest, parsed = holder.finish(out.finish_reason) if holder is not None else ("", [])
+                    yield CompletionChunk(rest, finish_reason(parsed, out.finish_reason),
+                                          out.usage or Usage(0, 0, 0), _calls(parsed))

@@ -17,6 +17,8 @@ from mainspring.billing.prices import price
 from mainspring.billing.usage import UsageRecord
 from mainspring.store.db import session
 
+from tests.engine_faults import stopped_engine
+
 from .conftest import serve
 
 pytestmark = pytest.mark.slow
@@ -216,29 +218,6 @@ def test_batch_survives_a_server_restart(async_engine, tmp_path, database_url):
     rows = ledger_rows(app_b.state.economics, batch.id)
     assert sorted(r.custom_id for r in rows) == sorted(ids) and {r.status for r in rows} == {"ok"}
     assert not journal.exists()
-
-
-def stopped_engine(embedded):
-    """An engine whose steps all fail until it stops, as after a lost GPU context."""
-    import asyncio
-
-    from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS, AsyncLLMEngine
-    from mainspring.engine.config import EngineConfig
-    from mainspring.engine.engine import LLMEngine
-    from mainspring.engine.params import SamplingParams
-
-    llm = LLMEngine(embedded, EngineConfig(kv_cache_mb=64))
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    llm.runner.execute = broken
-    engine = AsyncLLMEngine(llm)
-    for _ in range(STOP_AFTER_FAILED_STEPS):
-        with pytest.raises(RuntimeError):
-            asyncio.run(engine.generate("hi", SamplingParams(max_tokens=2)))
-    assert engine.stopped is not None
-    return engine
 
 
 def test_a_batch_on_a_stopped_engine_waits_and_a_restarted_server_finishes_it(async_engine, embedded, tmp_path,
