@@ -25,3 +25,11 @@ def stop_engine(ray: Any, handle: Any) -> None:
     for i in range(STOP_AFTER_FAILED_STEPS):
         with pytest.raises(EngineStepError):
             ray.get(handle.generate_batch.remote([[300 + i] * 20], [params]))
+
+
+def block_event_loop(replica: Any, seconds: float) -> None:
+    """Run inside the replica's actor: hold its event loop (where `info` and new requests are served), as a
+    replica wedged in a call that never yields would."""
+    import time
+
+    time.sleep(seconds)
