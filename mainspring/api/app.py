@@ -4,6 +4,7 @@ and the fine-tuning runner."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from contextlib import asynccontextmanager
 
@@ -133,7 +134,10 @@ def create_app(settings: Settings | None = None, engine=None, agent_models=None,
             return JSONResponse(error_body(engine_stopped_error(), False) | {"status": "engine stopped",
                                                                             "models": stopped}, status_code=503)
         eng = app.state.engine.engine
-        out = {"status": "ok", "version": __version__, "model": eng.name, **eng.stats()}
+        stats = eng.stats()
+        if inspect.isawaitable(stats):  # engine replicas answer over Ray (cluster/replicated_engine.py)
+            stats = await stats
+        out = {"status": "ok", "version": __version__, "model": eng.name, **stats}
         fast = getattr(getattr(app.state, "fast_engine", None), "engine", None)
         choice = getattr(fast, "kernel_choice", None)
         if fast is not None and choice is not None:  # which weights the -fast variant runs on this CPU, and why

@@ -19,6 +19,7 @@ The dead replica leaves the router; `ReplicaPool.restart_dead` starts a fresh on
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -232,12 +233,25 @@ class ReplicaPool:
 
     def info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, dict[str, Any]]:
         """Each serving replica's facts (`EngineReplica.info`). One found dead or stopped is retired here, as a
-        request would find it; one that does not answer within `timeout_s` is left out (and kept)."""
+        request would find it; one that does not answer within `timeout_s` is left out (and kept). Blocking:
+        from an event loop, await `info_async`."""
         ray = ray_module()
-        refs = {n: self._handles[n].info.remote() for n in self.router.replicas}
-        if not refs:
-            return {}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        refs = self._ask_facts()
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        return self._read_facts(refs, ready, timeout_s)
+
+    async def info_async(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+        """`info`, waiting without blocking the event loop (a hung replica must not stall the API)."""
+        refs = self._ask_facts()
+        futures = {asyncio.wrap_future(ref.future()): ref for ref in refs.values()}
+        done, _ = await asyncio.wait(futures, timeout=timeout_s) if futures else (set(), set())
+        return self._read_facts(refs, [futures[f] for f in done], timeout_s)
+
+    def _ask_facts(self) -> dict[str, Any]:
+        return {n: self._handles[n].info.remote() for n in self.router.replicas}
+
+    def _read_facts(self, refs: dict[str, Any], ready: list[Any], timeout_s: float) -> dict[str, dict[str, Any]]:
+        ray = ray_module()
         out: dict[str, dict[str, Any]] = {}
         for name, ref in refs.items():
             if ref not in ready:

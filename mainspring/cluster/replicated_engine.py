@@ -60,10 +60,10 @@ class ReplicatedModelView:
         self.kv_policy = _Policy(info["kv_window"] or 0)
         self.model_config = _ModelConfig(info["vocab_size"])
 
-    def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, Any]:
         """/health's engine figures: per replica, with the router's view of each. Asking finds replicas that
         died or stopped since the last request; their replacements start in the background."""
-        infos = self._pool.info()
+        infos = await self._pool.info_async()
         self._heal()
         return {"replicas": {name: {**i["stats"], "in_flight": self._pool.router.in_flight(name),
                                     "requests": self._pool.stats[name].requests,

@@ -27,9 +27,12 @@ def stop_engine(ray: Any, handle: Any) -> None:
             ray.get(handle.generate_batch.remote([[300 + i] * 20], [params]))
 
 
-def block_event_loop(replica: Any, seconds: float) -> None:
+def block_event_loop(replica: Any, release: str) -> None:
     """Run inside the replica's actor: hold its event loop (where `info` and new requests are served), as a
-    replica wedged in a call that never yields would."""
+    replica wedged in a call that never yields would, until the file `release` exists (at most two minutes)."""
+    import os
     import time
 
-    time.sleep(seconds)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)

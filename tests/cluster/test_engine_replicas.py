@@ -110,13 +110,16 @@ def test_a_replica_whose_engine_stopped_is_routed_around_and_replaced(pool, ray_
     assert _run(pool.generate(SYSTEM[:30], GREEDY)).token_ids == out.token_ids
 
 
-def test_a_replica_that_does_not_answer_is_left_out_of_the_facts_and_kept(pool, ray_cluster):
+def test_a_replica_that_does_not_answer_is_left_out_of_the_facts_and_kept(pool, ray_cluster, tmp_path):
     from tests.cluster.faults import block_event_loop
 
-    slow = pool.replicas[0]
-    blocker = pool.handle(slow).__ray_call__.remote(block_event_loop, 5.0)  # runs before the info call below
-    infos = pool.info(timeout_s=1.0)
-    assert slow not in infos and len(infos) == len(pool.replicas) - 1
-    assert slow in pool.replicas and not pool.dead()  # slow is not dead: nothing to replace
+    slow, release = pool.replicas[0], tmp_path / "release"
+    blocker = pool.handle(slow).__ray_call__.remote(block_event_loop, str(release))  # runs before the info calls
+    try:
+        for infos in (pool.info(timeout_s=0.5), _run(pool.info_async(timeout_s=0.5))):
+            assert slow not in infos and len(infos) == len(pool.replicas) - 1
+        assert slow in pool.replicas and not pool.dead()  # slow is not dead: nothing to replace
+    finally:
+        release.touch()
     ray_cluster.get(blocker)
-    assert slow in pool.info()
+    assert slow in pool.info() and slow in _run(pool.info_async())
