@@ -27,7 +27,7 @@ from sqlalchemy import select
 from mainspring.agents.journal import project_is
 from mainspring.agents.plans.spec import PlanError, PlanSpec, load_plan, validate_plan
 from mainspring.agents.tables import AgentRow
-from mainspring.models import ChatModel, Message, UpstreamError
+from mainspring.models import ChatModel, Message, ModelStopped, UpstreamError
 from mainspring.store.db import session
 
 log = logging.getLogger("mainspring.plans")
@@ -174,6 +174,8 @@ async def ask(model: ChatModel, messages: list[Message], schema: dict, max_token
     try:
         out = await model.chat(messages, response_format={"type": "json_schema", "json_schema": {
             "name": name, "schema": schema, "strict": True}}, max_tokens=max_tokens, temperature=0.0)
+    except ModelStopped as exc:  # only a restart of its server brings it back: the caller may retry then
+        raise PlanError(f"the planner model {model.model!r} is not serving: {exc.message}", status=503) from exc
     except UpstreamError as exc:
         raise PlanError(f"the planner model {model.model!r} failed: {exc.message}", status=502) from exc
     except ValueError as exc:  # the engine refused the request (too long for its context, ...)

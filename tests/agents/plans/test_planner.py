@@ -186,6 +186,20 @@ def test_a_model_failure_is_not_retried_and_says_so(tmp_path, db_url):
     assert caught.value.status == 502 and len(model.calls) == 1 and rt.plans.recent() == []
 
 
+def test_a_stopped_engine_as_planner_is_a_503_to_retry_after_a_restart(tmp_path, db_url, embedded):
+    from mainspring.models import LocalModel
+    from tests.engine_faults import stopped_engine
+
+    engine = stopped_engine(embedded)
+    try:
+        rt = runtime_with(tmp_path, db_url, LocalModel(engine), "writer", "researcher")
+        with pytest.raises(PlanError, match="not serving") as caught:
+            asyncio.run(rt.plans.create_from_goal("g"))
+    finally:
+        engine.close()
+    assert caught.value.status == 503 and rt.plans.recent() == []
+
+
 def test_the_planner_is_offered_only_the_callers_projects_agents(tmp_path, db_url):
     with session(db_url) as s:
         mine, theirs = Project(name="mine"), Project(name="theirs")
