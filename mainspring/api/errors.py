@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mainspring.engine.errors import EngineError, EngineStoppedError, InvalidRequestError
+from mainspring.models import ModelStopped
 from mainspring.store.db import is_busy_error
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(request, _http_error(exc))
 
     @app.exception_handler(EngineStoppedError)
-    async def _engine_stopped(request: Request, exc: EngineStoppedError) -> JSONResponse:
+    @app.exception_handler(ModelStopped)  # the same, met through a ChatModel (the scene dialogue's LocalModel)
+    async def _engine_stopped(request: Request, exc: Exception) -> JSONResponse:
         return error_response(request, engine_stopped_error())
 
     @app.exception_handler(EngineError)

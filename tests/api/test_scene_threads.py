@@ -262,6 +262,21 @@ def test_an_unknown_model_and_bad_turns(world):
     assert ok(world.A.get(f"/v1/scenes/threads/{thread['id']}")) == thread  # nothing of it changed
 
 
+def test_a_stopped_engine_is_a_503_and_stores_no_thread(world, embedded):
+    from mainspring.models import LocalModel
+    from tests.engine_faults import stopped_engine
+
+    engine = stopped_engine(embedded)
+    try:
+        world.models["stopped"] = LocalModel(engine)
+        before = [t["id"] for t in ok(world.B.get("/v1/scenes/threads"))["data"]]
+        body = error(world.B.post("/v1/scenes/threads", json={**OPEN, "model": "stopped"}), 503)
+    finally:
+        engine.close()
+    assert body["code"] == "engine_stopped"
+    assert [t["id"] for t in ok(world.B.get("/v1/scenes/threads"))["data"]] == before
+
+
 def test_a_server_without_the_dialogue_serves_no_threads(tmp_path):
     """create_app without `scene_dialogue` (the scenario layer's, handed in by cli.py): a 404 saying so, not a 5xx."""
     from mainspring.api.app import create_app
