@@ -77,7 +77,11 @@ class Worker:
         sqlite = make_url(self.env.db).get_backend_name() == "sqlite"
         self.env.executor = ThreadPoolExecutor(1 if sqlite else 4, thread_name_prefix="agent-journal")
         self.env.committer = writes.Committer(self.env.db, self.owner, self.env.executor)
-        requeued = await asyncio.to_thread(control.requeue_model_stopped, self.env.db)
+        try:
+            requeued = await asyncio.to_thread(control.requeue_model_stopped, self.env.db)
+        except Exception:  # a database hiccup must not keep the worker from starting; a resume queues them too
+            log.exception("could not queue again the runs parked when their model's engine stopped")
+            requeued = []
         if requeued:
             log.info("queued again %d run(s) parked when their model's engine stopped", len(requeued))
         self._main = asyncio.create_task(self._run(), name="agent-worker")

@@ -7,13 +7,14 @@ import pytest
 from mainspring.engine.async_engine import STOP_AFTER_FAILED_STEPS
 from mainspring.engine.errors import EngineStepError
 from mainspring.engine.params import SamplingParams
+from tests.engine_faults import FAULT
 
 
 def break_steps(replica: Any) -> None:
     """Run inside the replica's actor (`handle.__ray_call__`): every engine step from now on raises, as on a lost
     GPU context."""
     def step():
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        raise RuntimeError(FAULT)
 
     replica.engine.engine.step = step
 
