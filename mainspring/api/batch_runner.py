@@ -15,9 +15,11 @@ has work to batch, and lines are sorted so those with the same prompt start run 
 the prefix cache.
 
 A line the runner gives up on (cancel, shutdown) is aborted in the engine and not billed: it is
-either redone later (shutdown) or absent from the output (cancel). A line answered 503 (the engine stopped:
-only a restart brings it back) is not the line's result: the batch stops where it stands, as at shutdown, and
-is tried again every RETRY_S, so a restarted server finishes it instead of every remaining line failing.
+either redone later (shutdown) or absent from the output (cancel). A line answered 500 (a failed engine step
+fails every request in the engine, however good) runs again, up to LINE_ATTEMPTS runs. A line answered 503
+(the engine stopped: only a restart brings it back) is not the line's result: the batch stops where it
+stands, as at shutdown, and is tried again every RETRY_S, so a restarted server finishes it instead of every
+remaining line failing.
 
 Every server process runs a runner; a batch is worked by the one that holds its lease ("batch:<id>" in the
 leader leases, agents/plans/leader.py), renewed at every poll. The others pass it over until the lease
@@ -63,6 +65,7 @@ log = logging.getLogger(__name__)
 BATCH_PRIORITY = 10  # interactive requests run at 0 (fast: -1); lower runs first
 MAX_IN_FLIGHT = 8
 POLL_S = 1.0
+LINE_ATTEMPTS = 3  # a line answered 500 is run again, up to this many runs in all, before it fails
 RETRY_S = 30.0  # after an unexpected failure, a batch waits this long before the next try
 LEASE_S = 30.0  # a runner's hold on a batch, renewed every poll: another runner takes over this long after a stall
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -115,6 +118,11 @@ class _LineEconomics:
 
 class _Unavailable(Exception):
     """A line was answered 503: this server cannot serve lines now."""
+
+
+def _message(body: Any) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("message")) if isinstance(error, dict) else str(body)[:200]
 
 
 @dataclass
@@ -279,10 +287,15 @@ class BatchRunner:
             status, body = 401, error_body(APIError(401, "the API key that created this batch has been revoked",
                                                     code="invalid_api_key"), False)
         else:  # a batch answers with whole bodies: a line asking to stream gets the non-streamed response
-            status, body = await call_route(self._line_app(run, line), run.row.endpoint,
-                                            {**line.body, "stream": False}, run.key)
-            if status == 503:  # not journaled: the line runs again when the server can serve it
-                raise _Unavailable(body["error"]["message"])
+            for attempt in range(LINE_ATTEMPTS):
+                status, body = await call_route(self._line_app(run, line), run.row.endpoint,
+                                                {**line.body, "stream": False}, run.key)
+                if status == 503:  # not journaled: the line runs again when the server can serve it
+                    raise _Unavailable(_message(body))
+                if status != 500:  # a 500 (a failed engine step fails every line in it) is worth another try
+                    break
+                log.warning("batch %s line %s: a 500 on attempt %d of %d: %s", run.row.id, line.custom_id,
+                            attempt + 1, LINE_ATTEMPTS, _message(body))
         record = response_record(line, status, body)
         run.journal.append(record)  # no await between the result and the journal: a cancel cannot split them
         await asyncio.to_thread(self._count, run.row.id, is_success(record))

@@ -17,7 +17,7 @@ from mainspring.billing.prices import price
 from mainspring.billing.usage import UsageRecord
 from mainspring.store.db import session
 
-from tests.engine_faults import stopped_engine
+from tests.engine_faults import failing_engine, stopped_engine
 
 from .conftest import serve
 
@@ -218,6 +218,22 @@ def test_batch_survives_a_server_restart(async_engine, tmp_path, database_url):
     rows = ledger_rows(app_b.state.economics, batch.id)
     assert sorted(r.custom_id for r in rows) == sorted(ids) and {r.status for r in rows} == {"ok"}
     assert not journal.exists()
+
+
+def test_lines_failed_by_a_failed_engine_step_run_again_and_complete(embedded, tmp_path, database_url):
+    flaky = failing_engine(embedded, failures=1)  # the first step fails every line in it, as a GPU fault would
+    app = make_app(flaky, tmp_path, database_url)
+    try:
+        with serve(app, flaky) as server:
+            c = client(server, new_key(app.state.economics))
+            done = wait_for(c, submit(c, [chat_line(f"q{i}", f"Question {i}: where is my parcel?")
+                                          for i in range(3)]).id)
+            out = read_lines(c, done.output_file_id)
+    finally:
+        flaky.close()
+    assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+    assert done.error_file_id is None and all(x["response"]["status_code"] == 200 for x in out)
+    assert sorted(r.custom_id for r in ledger_rows(app.state.economics, done.id)) == ["q0", "q1", "q2"]  # once each
 
 
 def test_a_batch_on_a_stopped_engine_waits_and_a_restarted_server_finishes_it(async_engine, embedded, tmp_path,
