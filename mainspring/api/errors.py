@@ -197,5 +197,4 @@ def busy_error() -> APIError:
 
 def engine_stopped_error() -> APIError:
     """503: the engine stopped after failed steps (engine/async_engine.py); a restart brings it back."""
-    return APIError(503, "the engine stopped after a failed step (the server log says why); restart the server",
-                    code="engine_stopped")
+    return APIError(503, EngineStoppedError.MESSAGE, code="engine_stopped")

@@ -119,14 +119,10 @@ class ReplicatedEngine:
             self._heal()
 
     def _heal(self) -> None:
-        """A replica died or stopped: start its replacement in the background, one restart at a time (from the
-        event loop; elsewhere the next request or /health starts it)."""
+        """A replica died or stopped: start its replacement in the background, one restart at a time (called on
+        the event loop, by a request's stream or /health)."""
         if self.pool.dead() and (self._healing is None or self._healing.done()):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            self._healing = loop.create_task(self.pool.restart_dead())
+            self._healing = asyncio.ensure_future(self.pool.restart_dead())
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                        **kw: Any) -> RequestOutput:

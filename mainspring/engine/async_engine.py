@@ -167,8 +167,7 @@ class AsyncLLMEngine:
 
     def _raise_if_stopped(self) -> None:
         if self._error is not None:
-            raise EngineStoppedError("the engine stopped after a failed step (the server log says why); restart "
-                                     "the server") from self._error
+            raise EngineStoppedError() from self._error
 
     def _fail_streams(self, exc: BaseException) -> None:
         # a snapshot: each stream told aborts its request from the event loop's thread, which pops from _queues

@@ -30,3 +30,8 @@ class EngineStepError(EngineError, RuntimeError):
 
 class EngineStoppedError(EngineError):
     """The engine stopped serving after a failed step it could not recover from; the server must be restarted."""
+
+    MESSAGE = "the engine stopped after a failed step (the server log says why); restart the server"
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
